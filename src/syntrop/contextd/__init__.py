@@ -1,0 +1,1 @@
+"""contextd: Knows what changed on the host."""

@@ -1,0 +1,1 @@
+"""inferenced: Discovers compute planes and leases them by priority."""

@@ -1,0 +1,13 @@
+"""inferenced: start-up only. Imports stay inside main() so socket activation
+pays for nothing it does not use."""
+
+
+def main() -> None:
+    from syntrop.inferenced.service import InferenceService
+    from syntrop.varlink.daemon import run
+
+    run("inferenced", "io.syntrop.Inference1", InferenceService)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+"""io.syntrop.Runtime1: GGUF inference with persistent sessions (runtimed).
+
+The session methods follow the session contract (Service / Session,
+EnsurePrefix → PrefillSuffix → Decode, ContextManifest as cache key, Fence as
+owner epoch).
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TypedDict
+
+from asyncvarlink import TypedVarlinkErrorReply
+
+from syntrop.varlink.contract import Interface, method
+
+NAME = "io.syntrop.Runtime1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionConfig:
+    """Explicit runtime configuration of a session; every knob tested.
+
+    Fields:
+        n_ctx: Context window in tokens.
+        n_batch: Prefill batch size.
+        n_threads: CPU threads; 0 for all.
+        n_gpu_layers: Layers offloaded to a GPU; 0 for CPU only.
+        flash_attn: Use flash attention.
+        kv_cache_type: Empty for f16, or q8_0, q4_0.
+        prompt_format: Prompt format declared by the profile, e.g. chatml.
+        disable_bos: Do not add a BOS token.
+    """
+
+    n_ctx: int | None
+    n_batch: int | None
+    n_threads: int | None
+    n_gpu_layers: int | None
+    flash_attn: bool | None
+    kv_cache_type: str | None
+    prompt_format: str | None
+    disable_bos: bool | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextManifest:
+    """The cache key of resident context: reuse is valid only when it matches.
+
+    Fields:
+        profile: The caller's profile name.
+        model: Model name.
+        model_digest: SHA-256 of the weights.
+        tokenizer_digest: Digest of the tokenizer.
+        template_digest: Digest of the prompt template.
+        runtime_digest: Digest of the session configuration.
+        bos: BOS policy: add or none.
+    """
+
+    profile: str
+    model: str
+    model_digest: str
+    tokenizer_digest: str
+    template_digest: str
+    runtime_digest: str
+    bos: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatMessage:
+    """One turn of a chat.
+
+    Fields:
+        role: system, user or assistant.
+        content: The text.
+    """
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """How to pick tokens.
+
+    Fields:
+        max_tokens: Stop after this many tokens.
+        temperature: 0 for greedy.
+        top_p: Nucleus sampling mass.
+        top_k: Keep only the k most likely tokens; 0 for all.
+        seed: Random seed; the same seed gives the same text.
+        stop: Stop sequences.
+    """
+
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: list[str] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    """A piece of generated text.
+
+    Fields:
+        text: The text delta.
+        tokens: Tokens it holds.
+        finish_reason: stop, length or cancelled, on the last chunk only.
+    """
+
+    text: str
+    tokens: int
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Embedding:
+    """The embedding of one text. (A type of its own because systemd's IDL
+    parser does not accept nested arrays such as [][]float.)
+
+    Fields:
+        vector: L2-normalised vector.
+    """
+
+    vector: list[float]
+
+
+class OpenSessionResult(TypedDict):
+    session_id: str
+    owner_instance_id: str
+
+
+class PrefixStatus(TypedDict):
+    reused_tokens: int
+    prefilled_tokens: int
+    dropped_tokens: int
+    prefix_tokens: int
+    resident_tokens: int
+    available_tokens: int
+    stable_byte_hash: str
+    stable_token_hash: str
+    manifest_digest: str
+
+
+class SuffixStatus(TypedDict):
+    suffix_tokens: int
+    prefix_tokens: int
+    resident_tokens: int
+    available_tokens: int
+    manifest_digest: str
+
+
+class ContextReport(TypedDict):
+    resident_tokens: int
+    prefix_tokens: int
+    n_ctx: int
+    available_tokens: int
+    stable_byte_hash: str
+    stable_token_hash: str
+    manifest_digest: str
+    manifest: ContextManifest | None
+    closed: bool
+
+
+class EmbedResult(TypedDict):
+    embeddings: list[Embedding]
+    dimensions: int
+
+
+class LoadResult(TypedDict):
+    free_slots: int
+    total_slots: int
+    resident_bytes: int
+    loaded_models: list[str]
+    queue_depth: int
+
+
+class ModelNotFound(TypedVarlinkErrorReply, interface=NAME):
+    """modeld has no such model.
+
+    Parameters:
+        model: The model asked for.
+    """
+
+    class Parameters:
+        model: str
+
+
+class WeightsMismatch(TypedVarlinkErrorReply, interface=NAME):
+    """The weights modeld handed over do not hash to the pinned SHA-256.
+
+    Parameters:
+        expected: The pinned digest.
+        actual: The digest of the bytes.
+    """
+
+    class Parameters:
+        expected: str
+        actual: str
+
+
+class InvalidModel(TypedVarlinkErrorReply, interface=NAME):
+    """The file is not a GGUF model the engine can load.
+
+    Parameters:
+        model: The model.
+        reason: What the loader said.
+    """
+
+    class Parameters:
+        model: str
+        reason: str
+
+
+class SessionNotFound(TypedVarlinkErrorReply, interface=NAME):
+    """No open session has this identifier.
+
+    Parameters:
+        session_id: The identifier asked for.
+    """
+
+    class Parameters:
+        session_id: str
+
+
+class StaleOwner(TypedVarlinkErrorReply, interface=NAME):
+    """The session belongs to an older owner epoch: another owner took over.
+
+    Parameters:
+        session_id: The session.
+        owner_instance_id: The current owner.
+    """
+
+    class Parameters:
+        session_id: str
+        owner_instance_id: str
+
+
+class ContextOverflow(TypedVarlinkErrorReply, interface=NAME):
+    """The text does not fit the context window.
+
+    Parameters:
+        tokens: Tokens the request needs.
+        n_ctx: The context window.
+    """
+
+    class Parameters:
+        tokens: int
+        n_ctx: int
+
+
+class InvalidSampling(TypedVarlinkErrorReply, interface=NAME):
+    """A sampling value is out of range.
+
+    Parameters:
+        parameter: The parameter.
+        reason: The accepted range.
+    """
+
+    class Parameters:
+        parameter: str
+        reason: str
+
+
+class NoPrefix(TypedVarlinkErrorReply, interface=NAME):
+    """Decode or PrefillSuffix before EnsurePrefix.
+
+    Parameters:
+        session_id: The session.
+    """
+
+    class Parameters:
+        session_id: str
+
+
+class Busy(TypedVarlinkErrorReply, interface=NAME):
+    """Every slot is taken and the queue is full.
+
+    Parameters:
+        queue_depth: Requests waiting.
+    """
+
+    class Parameters:
+        queue_depth: int
+
+
+class Runtime1(Interface, name=NAME):
+    """Runs GGUF models: completion and chat streams, embeddings, and
+    persistent sessions that reuse their resident prefix."""
+
+    errors = (
+        ModelNotFound,
+        WeightsMismatch,
+        InvalidModel,
+        SessionNotFound,
+        StaleOwner,
+        ContextOverflow,
+        InvalidSampling,
+        NoPrefix,
+        Busy,
+    )
+
+    @method(return_parameter="chunk")
+    def Complete(
+        self, *, model: str, prompt: str, sampling: Sampling | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Continue a prompt. Call with "more" to stream.
+
+        Parameters:
+            model: Model name in modeld.
+            prompt: The text to continue.
+            sampling: How to pick tokens.
+
+        Returns:
+            chunk: The next piece of text.
+        """
+
+    @method(return_parameter="chunk")
+    def Chat(
+        self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Answer a chat with the model's own template. Call with "more".
+
+        Parameters:
+            model: Model name in modeld.
+            messages: The conversation so far.
+            sampling: How to pick tokens.
+
+        Returns:
+            chunk: The next piece of the answer.
+        """
+
+    @method
+    def Embed(self, *, model: str, input: list[str]) -> EmbedResult:
+        """L2-normalised embeddings of a batch of texts.
+
+        Parameters:
+            model: Model name in modeld.
+            input: The texts.
+
+        Returns:
+            embeddings: One vector per text, in order.
+            dimensions: Length of each vector.
+        """
+
+    @method
+    def OpenSession(
+        self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None
+    ) -> OpenSessionResult:
+        """Open a persistent session bound to an owner epoch; a newer owner
+        invalidates older sessions.
+
+        Parameters:
+            owner_instance_id: The owner (fence) the caller expects.
+            model: Model name in modeld.
+            config: Runtime configuration; defaults when null.
+
+        Returns:
+            session_id: The session.
+            owner_instance_id: The owner it is bound to.
+        """
+
+    @method
+    def EnsurePrefix(
+        self, *, session_id: str, text: str, manifest: ContextManifest
+    ) -> PrefixStatus:
+        """Make the resident context equal the stable prefix, reusing the
+        longest resident matching token prefix and prefilling only the rest.
+
+        Parameters:
+            session_id: The session.
+            text: The stable prefix.
+            manifest: The cache key; a change forces a full prefill.
+
+        Returns:
+            reused_tokens: Tokens kept from before (a warm hit when > 0).
+            prefilled_tokens: Tokens computed now.
+            dropped_tokens: Resident tokens discarded.
+            prefix_tokens: Tokens of the prefix.
+            resident_tokens: Tokens resident now.
+            available_tokens: Tokens left in the context window.
+            stable_byte_hash: SHA-256 of the prefix text.
+            stable_token_hash: SHA-256 of the prefix tokens.
+            manifest_digest: Digest of the manifest.
+        """
+
+    @method
+    def PrefillSuffix(
+        self, *, session_id: str, text: str, manifest: ContextManifest
+    ) -> SuffixStatus:
+        """Add the volatile suffix after the prefix, leaving the prefix alone.
+
+        Parameters:
+            session_id: The session.
+            text: The volatile text (a diff, test output, a user turn).
+            manifest: Must match the prefix's manifest.
+
+        Returns:
+            suffix_tokens: Tokens of the suffix.
+            prefix_tokens: Tokens of the prefix.
+            resident_tokens: Tokens resident now.
+            available_tokens: Tokens left in the context window.
+            manifest_digest: Digest of the manifest.
+        """
+
+    @method(return_parameter="chunk")
+    def Decode(self, *, session_id: str, sampling: Sampling | None = None) -> AsyncIterator[Chunk]:
+        """Generate from the resident context. Call with "more".
+
+        Parameters:
+            session_id: The session.
+            sampling: How to pick tokens.
+
+        Returns:
+            chunk: The next piece of text.
+        """
+
+    @method
+    def ExplainContext(self, *, session_id: str) -> ContextReport:
+        """Report what the session holds.
+
+        Parameters:
+            session_id: The session.
+
+        Returns:
+            resident_tokens: Tokens resident.
+            prefix_tokens: Tokens of the stable prefix.
+            n_ctx: The context window.
+            available_tokens: Tokens left.
+            stable_byte_hash: SHA-256 of the prefix text.
+            stable_token_hash: SHA-256 of the prefix tokens.
+            manifest_digest: Digest of the manifest.
+            manifest: The manifest; null before the first EnsurePrefix.
+            closed: Whether the session is closed.
+        """
+
+    @method
+    def Close(self, *, session_id: str) -> None:
+        """Close a session and free its slot.
+
+        Parameters:
+            session_id: The session.
+        """
+
+    @method
+    def GetLoad(self) -> LoadResult:
+        """How busy runtimed is, for routers.
+
+        Returns:
+            free_slots: Slots free now.
+            total_slots: Slots configured.
+            resident_bytes: Bytes of models resident.
+            loaded_models: Models resident.
+            queue_depth: Requests waiting for a slot.
+        """

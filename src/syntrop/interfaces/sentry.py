@@ -1,0 +1,192 @@
+"""io.syntrop.Sentry1: the self-healing loop's status and history."""
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+from asyncvarlink import TypedVarlinkErrorReply
+
+from syntrop.varlink.contract import Interface, method
+
+NAME = "io.syntrop.Sentry1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """One phase of a triage.
+
+    Fields:
+        name: context, lease, decide, execute, verify or release.
+        started_usec: When it started, microseconds since the epoch.
+        duration_usec: How long it took.
+        budget_usec: Its hard time budget.
+        outcome: ok, failed, timeout or skipped.
+        detail: Inputs and result, summarised.
+    """
+
+    name: str
+    started_usec: int
+    duration_usec: int
+    budget_usec: int
+    outcome: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Incident:
+    """A unit failure and what sentry did about it.
+
+    Fields:
+        id: Incident identifier.
+        unit: The failed unit.
+        detected_usec: When the failure signal arrived.
+        trigger: job_failed, job_timeout, job_dependency, state_failed or manual.
+        decision: The chosen action as a Tool1.Execute call, JSON.
+        decided_by: model or rules (the deterministic fallback).
+        result: healed, failed, breaker_open, ignored or in_progress.
+        phases: The phases with their timings.
+        summary: One line for humans.
+    """
+
+    id: str
+    unit: str
+    detected_usec: int
+    trigger: str
+    decision: str | None
+    decided_by: str | None
+    result: str
+    phases: list[Phase]
+    summary: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breaker:
+    """The circuit breaker of one unit.
+
+    Fields:
+        unit: The unit.
+        state: closed, open or needs_human.
+        attempts: Remediation attempts in the current window.
+        open_until_usec: When an open breaker lets the next attempt through.
+    """
+
+    unit: str
+    state: str
+    attempts: int
+    open_until_usec: int | None
+
+
+class StatusResult(TypedDict):
+    state: str
+    subscribed: bool
+    open_incidents: int
+    incidents_total: int
+    breakers: list[Breaker]
+
+
+class IncidentNotFound(TypedVarlinkErrorReply, interface=NAME):
+    """No incident has this identifier.
+
+    Parameters:
+        id: The identifier asked for.
+    """
+
+    class Parameters:
+        id: str
+
+
+class UnitIgnored(TypedVarlinkErrorReply, interface=NAME):
+    """Sentry is configured to leave this unit alone.
+
+    Parameters:
+        unit: The unit.
+    """
+
+    class Parameters:
+        unit: str
+
+
+class BreakerOpen(TypedVarlinkErrorReply, interface=NAME):
+    """The unit's circuit breaker is open; no action until it closes or is
+    reset.
+
+    Parameters:
+        unit: The unit.
+        open_until_usec: When it lets the next attempt through; 0 when it
+            needs a human.
+    """
+
+    class Parameters:
+        unit: str
+        open_until_usec: int
+
+
+class InvalidUnitName(TypedVarlinkErrorReply, interface=NAME):
+    """Not a valid systemd unit name.
+
+    Parameters:
+        unit: The name given.
+    """
+
+    class Parameters:
+        unit: str
+
+
+class Sentry1(Interface, name=NAME):
+    """The supervisor of the self-healing loop: watches systemd, triages
+    failures within hard budgets, never restarts anything forever."""
+
+    errors = (IncidentNotFound, UnitIgnored, BreakerOpen, InvalidUnitName)
+
+    @method
+    def GetStatus(self) -> StatusResult:
+        """Sentry's state and its breakers.
+
+        Returns:
+            state: watching, triaging or degraded.
+            subscribed: Whether it receives systemd's signals.
+            open_incidents: Incidents still in progress.
+            incidents_total: Incidents since the store began.
+            breakers: Breakers that are not closed.
+        """
+
+    @method(return_parameter="incidents")
+    def ListIncidents(self, *, limit: int | None = None, unit: str | None = None) -> list[Incident]:
+        """Incidents, newest last.
+
+        Parameters:
+            limit: At most this many.
+            unit: Only this unit's.
+
+        Returns:
+            incidents: The incidents.
+        """
+
+    @method(return_parameter="incident")
+    def GetIncident(self, *, id: str) -> Incident:
+        """One incident in full.
+
+        Parameters:
+            id: The incident.
+
+        Returns:
+            incident: The incident.
+        """
+
+    @method(return_parameter="incident")
+    def Triage(self, *, unit: str) -> Incident:
+        """Triage a unit now, as if it had just failed.
+
+        Parameters:
+            unit: The unit.
+
+        Returns:
+            incident: The finished incident.
+        """
+
+    @method
+    def ResetBreaker(self, *, unit: str) -> None:
+        """Close a unit's breaker and forget its attempts.
+
+        Parameters:
+            unit: The unit.
+        """

@@ -1,0 +1,217 @@
+"""io.syntrop.Tool1: typed, allowlisted, sandboxed, reversible actions (toold)."""
+
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from asyncvarlink import TypedVarlinkErrorReply
+
+from syntrop.varlink.contract import Interface, method
+
+NAME = "io.syntrop.Tool1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolParameter:
+    """One typed parameter of a tool.
+
+    Fields:
+        name: Parameter name.
+        type: string, int or bool.
+        description: What it means.
+        required: Whether it must be given.
+        pattern: Regular expression a string value must match, if any.
+    """
+
+    name: str
+    type: str
+    description: str
+    required: bool
+    pattern: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolInfo:
+    """A tool toold can run.
+
+    Fields:
+        name: daemon_reload, unit_restart, revert_dropin or clear_cache.
+        description: What it does.
+        risk: safe, remediation or maintenance.
+        reversible: Whether it snapshots and can roll back.
+        parameters: Its parameters.
+    """
+
+    name: str
+    description: str
+    risk: str
+    reversible: bool
+    parameters: list[ToolParameter]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRecord:
+    """One entry of the append-only audit log.
+
+    Fields:
+        id: Sequence number.
+        timestamp_usec: When the request came.
+        uid: Caller's uid.
+        pid: Caller's pid.
+        tool: The tool.
+        parameters: The parameters as given.
+        dry_run: Whether it was a dry run.
+        decision: allowed, refused or rate_limited.
+        sandbox: Sandbox layers applied (bubblewrap, landlock, seccomp).
+        outcome: succeeded, failed, rolled_back or not_run.
+        message: What happened, in words.
+    """
+
+    id: int
+    timestamp_usec: int
+    uid: int
+    pid: int
+    tool: str
+    parameters: Any
+    dry_run: bool
+    decision: str
+    sandbox: list[str]
+    outcome: str
+    message: str
+
+
+class ExecuteResult(TypedDict):
+    action_id: int
+    plan: list[str]
+    outcome: str
+    rolled_back: bool
+    sandbox: list[str]
+    message: str
+
+
+class ToolNotFound(TypedVarlinkErrorReply, interface=NAME):
+    """No tool has this name.
+
+    Parameters:
+        tool: The name given.
+    """
+
+    class Parameters:
+        tool: str
+
+
+class InvalidArgument(TypedVarlinkErrorReply, interface=NAME):
+    """A tool parameter is missing, unknown, of the wrong type or fails its
+    pattern. Nothing was run.
+
+    Parameters:
+        tool: The tool.
+        parameter: The parameter.
+        reason: What is wrong.
+    """
+
+    class Parameters:
+        tool: str
+        parameter: str
+        reason: str
+
+
+class UnitNotAllowed(TypedVarlinkErrorReply, interface=NAME):
+    """The unit is outside the configured allowlist (or on the denylist).
+
+    Parameters:
+        unit: The unit.
+    """
+
+    class Parameters:
+        unit: str
+
+
+class RateLimited(TypedVarlinkErrorReply, interface=NAME):
+    """Too many actions on this unit (or overall) recently.
+
+    Parameters:
+        unit: The unit, or empty for the global limit.
+        retry_after_usec: When the next action would be allowed.
+    """
+
+    class Parameters:
+        unit: str
+        retry_after_usec: int
+
+
+class SandboxUnavailable(TypedVarlinkErrorReply, interface=NAME):
+    """A required sandbox layer cannot be applied here and config does not
+    allow a weaker mode.
+
+    Parameters:
+        layer: bubblewrap, landlock or seccomp.
+        reason: Why it is unavailable.
+    """
+
+    class Parameters:
+        layer: str
+        reason: str
+
+
+class UnitBusy(TypedVarlinkErrorReply, interface=NAME):
+    """Another action on the same unit is in progress.
+
+    Parameters:
+        unit: The unit.
+    """
+
+    class Parameters:
+        unit: str
+
+
+class Tool1(Interface, name=NAME):
+    """A few typed, allowlisted, sandboxed, reversible remediation actions."""
+
+    errors = (
+        ToolNotFound,
+        InvalidArgument,
+        UnitNotAllowed,
+        RateLimited,
+        SandboxUnavailable,
+        UnitBusy,
+    )
+
+    @method(return_parameter="tools")
+    def ListTools(self) -> list[ToolInfo]:
+        """Describe every tool with its parameters and risk.
+
+        Returns:
+            tools: The tools.
+        """
+
+    @method(allow_foreign=True)
+    def Execute(
+        self, *, tool: str, parameters: Any, dry_run: bool | None = None
+    ) -> ExecuteResult:
+        """Run a tool. Allowed to root and the configured sentry identity.
+
+        Parameters:
+            tool: The tool's name.
+            parameters: An object of the tool's typed parameters.
+            dry_run: Only say what would be done.
+
+        Returns:
+            action_id: The audit record of this action.
+            plan: The steps, in order (what would be done, for a dry run).
+            outcome: succeeded, failed, rolled_back or not_run.
+            rolled_back: Whether an automatic rollback happened.
+            sandbox: Sandbox layers applied.
+            message: What happened, in words.
+        """
+
+    @method(return_parameter="records", allow_foreign=True)
+    def GetAudit(self, *, limit: int | None = None, unit: str | None = None) -> list[AuditRecord]:
+        """Read the audit log, newest last.
+
+        Parameters:
+            limit: At most this many records.
+            unit: Only actions on this unit.
+
+        Returns:
+            records: The records.
+        """

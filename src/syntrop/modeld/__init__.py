@@ -1,0 +1,1 @@
+"""modeld: The content-addressed model store."""

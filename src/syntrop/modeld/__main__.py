@@ -1,0 +1,13 @@
+"""modeld: start-up only. Imports stay inside main() so socket activation
+pays for nothing it does not use."""
+
+
+def main() -> None:
+    from syntrop.modeld.service import ModelService
+    from syntrop.varlink.daemon import run
+
+    run("modeld", "io.syntrop.Model1", ModelService)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""routerd: Routes OpenAI-style requests between providers."""

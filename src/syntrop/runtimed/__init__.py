@@ -1,0 +1,1 @@
+"""runtimed: Runs GGUF models with persistent sessions."""

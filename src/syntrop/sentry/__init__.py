@@ -1,0 +1,1 @@
+"""systemd-sentry: Watches systemd and drives the triage loop."""

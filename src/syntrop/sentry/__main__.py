@@ -1,0 +1,13 @@
+"""systemd-sentry: start-up only. Imports stay inside main() so socket activation
+pays for nothing it does not use."""
+
+
+def main() -> None:
+    from syntrop.sentry.service import SentryService
+    from syntrop.varlink.daemon import run
+
+    run("systemd-sentry", "io.syntrop.Sentry1", SentryService)
+
+
+if __name__ == "__main__":
+    main()

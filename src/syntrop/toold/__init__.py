@@ -1,0 +1,1 @@
+"""toold: Runs typed, sandboxed, reversible remediation actions."""

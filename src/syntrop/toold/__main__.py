@@ -1,0 +1,13 @@
+"""toold: start-up only. Imports stay inside main() so socket activation
+pays for nothing it does not use."""
+
+
+def main() -> None:
+    from syntrop.toold.service import ToolService
+    from syntrop.varlink.daemon import run
+
+    run("toold", "io.syntrop.Tool1", ToolService)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Start-up shared by the seven daemons: activation or bind, limits, notify,
+watchdog, idle exit, signals. A daemon's __main__ is one call to `run()`."""
+
+import argparse
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asyncvarlink import VarlinkInterface
+
+from syntrop.config import Paths
+from syntrop.system import logging as syslog
+from syntrop.system.notify import notify, watchdog_interval
+from syntrop.varlink.activation import listen_fds
+from syntrop.varlink.server import Limits, Server, bind_unix, raise_fd_limit
+
+logger = logging.getLogger(__name__)
+
+#: Seconds an activated daemon waits with nothing to do before it exits.
+DEFAULT_IDLE_TIMEOUT = 30.0
+
+ServiceFactory = Callable[[Paths], VarlinkInterface | Awaitable[VarlinkInterface]]
+
+
+def _arguments(program: str, argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=program)
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="exit after this long without clients (0: never; default: "
+        f"{DEFAULT_IDLE_TIMEOUT:.0f} when socket-activated, never otherwise; "
+        "also $SYNTROP_IDLE_TIMEOUT)",
+    )
+    return parser.parse_args(argv)
+
+
+def run(
+    program: str,
+    interface: str,
+    factory: ServiceFactory,
+    *,
+    argv: list[str] | None = None,
+    keep_alive: Callable[[], bool] | None = None,
+) -> None:
+    """Serve `interface` until idle or told to stop. Exits the process."""
+    args = _arguments(program, argv)
+    syslog.setup(program)
+    try:
+        asyncio.run(_serve(program, interface, factory, args.idle_timeout, keep_alive))
+    except KeyboardInterrupt:
+        pass
+    except OSError as error:
+        logger.error("cannot serve %s: %s", interface, error)
+        sys.exit(1)
+
+
+async def _serve(
+    program: str,
+    interface: str,
+    factory: ServiceFactory,
+    idle_timeout: float | None,
+    keep_alive: Callable[[], bool] | None,
+) -> None:
+    raise_fd_limit()
+    paths = Paths.from_environment()
+    inherited = listen_fds()
+    if idle_timeout is None and os.environ.get("SYNTROP_IDLE_TIMEOUT"):
+        idle_timeout = float(os.environ["SYNTROP_IDLE_TIMEOUT"])
+    if idle_timeout is None:
+        idle_timeout = DEFAULT_IDLE_TIMEOUT if inherited else 0
+    made: Any = factory(paths)
+    service: VarlinkInterface = await made if inspect.isawaitable(made) else made
+    server = Server(
+        [service],
+        limits=Limits(idle_timeout=idle_timeout or None),
+        product=program,
+        keep_alive=keep_alive,
+    )
+    if inherited:
+        for sock in inherited.sockets:
+            server.add_listener(sock)
+        for sock in inherited.connected:
+            server.add_connection(sock)
+        where = "activated socket"
+    else:
+        path = paths.socket(interface)
+        server.add_listener(bind_unix(path))
+        where = str(path)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.stop)
+    watchdog = None
+    interval = watchdog_interval()
+    if interval:
+        watchdog = asyncio.create_task(_watchdog(interval))
+    notify("READY=1", f"STATUS=Serving {interface} on {where}")
+    logger.debug("serving %s on %s", interface, where)
+    try:
+        await server.stopped.wait()
+    finally:
+        notify("STOPPING=1")
+        if watchdog is not None:
+            watchdog.cancel()
+        await server.close()
+        closer = getattr(service, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+async def _watchdog(interval: float) -> None:
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(interval)

@@ -1,0 +1,582 @@
+"""The Varlink server every syntrop daemon runs.
+
+asyncvarlink gives us the interface model (typed methods, conversion,
+declared errors, introspection); this module owns the sockets. It replaces
+asyncvarlink's transport on the server side for three reasons measured in
+bench/bench_bus.py and explained in docs/ARCHITECTURE.md:
+
+- limits: asyncvarlink buffers a message without bound, has no connection or
+  per-UID cap, and calls listen(1) on the socket systemd passed us;
+- peer credentials: every call runs with its connection's SO_PEERCRED in a
+  context variable (syntrop.varlink.peer);
+- speed: one recvmsg and one sendmsg per call, the method run in the same
+  loop iteration, instead of a peek, a read, two scheduled callbacks and an
+  epoll_ctl pair per reply.
+
+Ordering: one call at a time per connection, as sd-varlink does. While a call
+runs, the connection stops reading (back pressure); pipelined calls wait in
+the input buffer. A streaming call whose client does not read is suspended
+once its pending output passes a high-water mark.
+
+Errors: anything that is not a Varlink call (bad JSON, no NUL within the
+message limit, bad method string) closes that one connection. A call that
+fails validation gets org.varlink.service.InvalidParameter naming the
+parameter. A method that raises a declared error has it sent; anything else
+is logged with its traceback and answered with a generic error naming no
+internals.
+"""
+
+import asyncio
+import collections
+import errno
+import json
+import logging
+import os
+import resource
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncvarlink import (
+    AnnotatedResult,
+    GenericVarlinkErrorReply,
+    VarlinkErrorReply,
+    VarlinkInterface,
+    VarlinkInterfaceRegistry,
+    VarlinkMethodCall,
+    VarlinkMethodSignature,
+)
+from asyncvarlink.conversion import ConversionError, FileDescriptorVarlinkType
+from asyncvarlink.serviceinterface import InvalidParameter
+from asyncvarlink.types import FileDescriptorArray
+
+from syntrop.varlink.peer import Peer, credentials, reset_current, set_current
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+_RECV_SIZE = 256 * 1024
+_MAX_FDS_PER_MESSAGE = 253  # SCM_MAX_FD
+_HIGH_WATER = 4 * MiB
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+INTERNAL_ERROR = "io.syntrop.InternalError"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What one client may cost us. Defaults follow sd-varlink."""
+
+    max_message: int = 16 * MiB
+    max_connections: int = 4096
+    max_connections_per_uid: int = 1024
+    #: Exit after this many seconds with no connection and nothing pending.
+    idle_timeout: float | None = None
+
+
+class _Connection:
+    """One accepted (or inherited) stream socket."""
+
+    def __init__(self, server: "Server", sock: socket.socket, peer: Peer) -> None:
+        self.server = server
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.loop = server.loop
+        self.inbuf = bytearray()
+        self.infds: list[int] = []
+        self.outq: collections.deque[tuple[memoryview, list[int], Callable[[], None] | None]] = (
+            collections.deque()
+        )
+        self.outbytes = 0
+        self.task: asyncio.Task[None] | None = None
+        self.current_more = False
+        self.reading = False
+        self.eof = False
+        self.closed = False
+        self.drained: asyncio.Future[None] | None = None
+        sock.setblocking(False)
+        self._resume_reading()
+
+    # reading -------------------------------------------------------------
+
+    def _resume_reading(self) -> None:
+        if not self.reading and not self.eof and not self.closed:
+            self.loop.add_reader(self.fd, self._on_readable)
+            self.reading = True
+
+    def _pause_reading(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.fd)
+            self.reading = False
+
+    def _on_readable(self) -> None:
+        try:
+            data, fds, flags, _ = socket.recv_fds(self.sock, _RECV_SIZE, _MAX_FDS_PER_MESSAGE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            logger.debug("connection from pid %d: read failed: %s", self.peer.pid, error)
+            self.close()
+            return
+        if fds:
+            self.infds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            logger.debug("connection from pid %d: too many fds, closing", self.peer.pid)
+            self.close()
+            return
+        if not data:
+            self._on_eof()
+            return
+        self.inbuf += data
+        self._process()
+
+    def _on_eof(self) -> None:
+        self.eof = True
+        self._pause_reading()
+        if self.task is None:
+            if not self.inbuf and not self.outq:
+                self.close()
+            else:
+                self._process()
+        elif self.current_more:
+            # A client that stops sending while expecting a stream has gone.
+            self.task.cancel()
+
+    def _process(self) -> None:
+        """Run complete calls from the input buffer until one goes async."""
+        limit = self.server.limits.max_message
+        while self.task is None and not self.closed:
+            end = self.inbuf.find(b"\0")
+            if end < 0:
+                if len(self.inbuf) > limit:
+                    logger.info(
+                        "connection from pid %d: message over %d bytes, closing",
+                        self.peer.pid, limit,
+                    )
+                    self.close()
+                elif self.eof:
+                    self.close()
+                return
+            if end > limit:
+                self.close()
+                return
+            message = bytes(self.inbuf[:end])
+            del self.inbuf[: end + 1]
+            fds, self.infds = self.infds, []
+            self._dispatch(message, fds)
+        if self.task is not None:
+            self._pause_reading()
+        elif self.eof and not self.outq and not self.closed:
+            self.close()
+
+    # calls -----------------------------------------------------------------
+
+    def _dispatch(self, message: bytes, fds: list[int]) -> None:
+        try:
+            call = VarlinkMethodCall.fromjson(json.loads(message))
+        except (ValueError, TypeError, RecursionError):
+            for fd in fds:
+                os.close(fd)
+            logger.info("connection from pid %d: not a Varlink call, closing", self.peer.pid)
+            self.close()
+            return
+        sentinel = object()
+        fdarray = FileDescriptorArray(sentinel, fds) if fds else None
+
+        def release() -> None:
+            if fdarray is not None:
+                fdarray.release(sentinel)
+
+        try:
+            method, signature = self.server.registry.lookup_method(call)
+            if call.upgrade:
+                raise InvalidParameter(parameter="upgrade")
+            try:
+                params = signature.parameter_type.fromjson(
+                    call.parameters, {FileDescriptorVarlinkType: fdarray}
+                )
+            except ConversionError as error:
+                where = str(error.location[0]) if error.location else "parameters"
+                raise InvalidParameter(parameter=where) from None
+        except VarlinkErrorReply as error:
+            release()
+            if not call.oneway:
+                self._send_error(error)
+            return
+
+        token = set_current(self.peer)
+        try:
+            if not signature.asynchronous and not signature.more:
+                try:
+                    result = method(**params)
+                except VarlinkErrorReply as error:
+                    if not call.oneway:
+                        self._send_error(error)
+                except Exception:
+                    logger.exception("%s failed", call.method)
+                    if not call.oneway:
+                        self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+                else:
+                    if not call.oneway:
+                        self._send_result(signature, result)
+                finally:
+                    release()
+                return
+            # The task copies the context now, peer included.
+            self.current_more = signature.more
+            self.task = self.loop.create_task(self._run(call, method, signature, params))
+            self.task.add_done_callback(lambda _: release())
+            self.task.add_done_callback(self._call_done)
+            self.server.tasks.add(self.task)
+        finally:
+            reset_current(token)
+
+    async def _run(
+        self,
+        call: VarlinkMethodCall,
+        method: Callable[..., Any],
+        signature: VarlinkMethodSignature,
+        params: dict[str, Any],
+    ) -> None:
+        try:
+            if signature.more:
+                results = method(**params)
+                if signature.asynchronous:
+                    async for result in results:
+                        await self._send_streamed(signature, result)
+                else:
+                    for result in results:
+                        await self._send_streamed(signature, result)
+            else:
+                result = method(**params)
+                if signature.asynchronous:
+                    result = await result
+                if not call.oneway:
+                    self._send_result(signature, result)
+        except VarlinkErrorReply as error:
+            if not call.oneway:
+                self._send_error(error)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            logger.exception("%s failed", call.method)
+            if not call.oneway:
+                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+
+    async def _send_streamed(self, signature: VarlinkMethodSignature, result: Any) -> None:
+        if self.closed:
+            raise ConnectionResetError("client went away")
+        self._send_result(signature, result)
+        if self.outbytes > _HIGH_WATER and not self.closed:
+            self.drained = self.loop.create_future()
+            await self.drained
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self.server.tasks.discard(task)
+        self.task = None
+        self.current_more = False
+        if not task.cancelled() and task.exception() is not None:
+            exception = task.exception()
+            if not isinstance(exception, ConnectionError):
+                logger.error("call task failed", exc_info=exception)
+        if self.closed:
+            return
+        self._process()
+        if self.task is None:
+            self._resume_reading()
+        self.server.check_idle()
+
+    # writing ---------------------------------------------------------------
+
+    def _send_result(self, signature: VarlinkMethodSignature, result: Any) -> None:
+        assert isinstance(result, AnnotatedResult)
+        sentinel = object()
+        fdarray = FileDescriptorArray(sentinel)
+        try:
+            parameters = signature.return_type.tojson(
+                result.parameters, {FileDescriptorVarlinkType: fdarray}
+            )
+        except ConversionError:
+            fdarray.release(sentinel)
+            logger.exception("reply does not match its declared type")
+            self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+            return
+        reply: dict[str, Any] = {"parameters": parameters}
+        if result.continues:
+            reply["continues"] = True
+        if result.extensions:
+            reply.update(result.extensions)
+        self._write(reply, [fd.fileno() for fd in fdarray], lambda: fdarray.release(sentinel))
+
+    def _send_error(self, error: VarlinkErrorReply) -> None:
+        try:
+            reply = error.tojson()
+        except ConversionError:
+            logger.exception("error %s does not match its declared type", error.name)
+            reply = {"error": INTERNAL_ERROR}
+        self._write(reply, [], None)
+
+    def _write(self, obj: dict[str, Any], fds: list[int], done: Callable[[], None] | None) -> None:
+        if self.closed:
+            if done:
+                done()
+            return
+        data = memoryview(_ENCODER.encode(obj).encode() + b"\0")
+        if not self.outq:
+            try:
+                if fds:
+                    sent = socket.send_fds(self.sock, [data], fds)
+                else:
+                    sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as error:
+                logger.debug("connection from pid %d: write failed: %s", self.peer.pid, error)
+                if done:
+                    done()
+                self.close()
+                return
+            if sent == len(data):
+                if done:
+                    done()
+                return
+            if sent:
+                data, fds = data[sent:], []
+            self.loop.add_writer(self.fd, self._on_writable)
+        self.outq.append((data, fds, done))
+        self.outbytes += len(data)
+
+    def _on_writable(self) -> None:
+        while self.outq:
+            data, fds, done = self.outq[0]
+            try:
+                sent = socket.send_fds(self.sock, [data], fds) if fds else self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                logger.debug("connection from pid %d: write failed: %s", self.peer.pid, error)
+                self.close()
+                return
+            self.outbytes -= sent
+            if sent < len(data):
+                self.outq[0] = (data[sent:], [], done)
+                return
+            self.outq.popleft()
+            if done:
+                done()
+        self.loop.remove_writer(self.fd)
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        if self.eof and self.task is None:
+            self._process()
+
+    # teardown --------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._pause_reading()
+        self.loop.remove_writer(self.fd)
+        for _, _, done in self.outq:
+            if done:
+                done()
+        self.outq.clear()
+        for fd in self.infds:
+            os.close(fd)
+        self.infds = []
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_exception(ConnectionResetError("client went away"))
+            self.drained.exception()  # retrieved here; the stream ends
+        if self.task is not None:
+            self.task.cancel()
+        self.sock.close()
+        self.server.connection_closed(self)
+
+
+class Server:
+    """Serves a set of interfaces on listening and connected sockets."""
+
+    def __init__(
+        self,
+        interfaces: Sequence[VarlinkInterface],
+        *,
+        limits: Limits | None = None,
+        product: str = "syntrop",
+        version: str | None = None,
+        keep_alive: Callable[[], bool] | None = None,
+    ) -> None:
+        from syntrop import __version__
+        from syntrop.varlink.service import ServiceInterface
+
+        self.loop = asyncio.get_running_loop()
+        self.limits = limits or Limits()
+        self.registry = VarlinkInterfaceRegistry()
+        self.registry.register_interface(
+            ServiceInterface(
+                vendor="syntrop",
+                product=product,
+                version=version or __version__,
+                url="",
+                registry=self.registry,
+            )
+        )
+        for interface in interfaces:
+            self.registry.register_interface(interface)
+        self.connections: set[_Connection] = set()
+        self.per_uid: collections.Counter[int] = collections.Counter()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.listeners: list[socket.socket] = []
+        self.stopped = asyncio.Event()
+        self.keep_alive = keep_alive
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._accept_paused = False
+
+    # sockets ---------------------------------------------------------------
+
+    def add_listener(self, sock: socket.socket) -> None:
+        """Serve a listening socket. Never calls listen(): systemd chose the
+        backlog of an inherited socket, and bind_unix() sets ours."""
+        sock.setblocking(False)
+        self.listeners.append(sock)
+        self.loop.add_reader(sock.fileno(), self._on_acceptable, sock)
+        self.check_idle()
+
+    def add_connection(self, sock: socket.socket) -> _Connection | None:
+        """Serve an already connected socket (Accept=yes, `varlinkctl exec:`)."""
+        return self._adopt(sock)
+
+    def _on_acceptable(self, listener: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: stop accepting for a moment instead
+                    # of spinning on a readable socket we cannot drain.
+                    logger.warning("accept failed: %s, pausing for 100 ms", error)
+                    self.loop.remove_reader(listener.fileno())
+                    self.loop.call_later(0.1, self._resume_accept, listener)
+                    return
+                logger.warning("accept failed: %s, ignoring", error)
+                return
+            self._adopt(conn)
+
+    def _resume_accept(self, listener: socket.socket) -> None:
+        if listener in self.listeners:
+            self.loop.add_reader(listener.fileno(), self._on_acceptable, listener)
+
+    def _adopt(self, sock: socket.socket) -> _Connection | None:
+        peer = credentials(sock)
+        if len(self.connections) >= self.limits.max_connections:
+            logger.warning("connection limit %d reached, refusing pid %d",
+                           self.limits.max_connections, peer.pid)
+            sock.close()
+            return None
+        if self.per_uid[peer.uid] >= self.limits.max_connections_per_uid:
+            logger.warning("per-UID connection limit %d reached for uid %d, refusing pid %d",
+                           self.limits.max_connections_per_uid, peer.uid, peer.pid)
+            sock.close()
+            return None
+        connection = _Connection(self, sock, peer)
+        self.connections.add(connection)
+        self.per_uid[peer.uid] += 1
+        self._cancel_idle()
+        return connection
+
+    def connection_closed(self, connection: _Connection) -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            self.per_uid[connection.peer.uid] -= 1
+            if self.per_uid[connection.peer.uid] <= 0:
+                del self.per_uid[connection.peer.uid]
+        if not self.listeners and not self.connections:
+            # Connected-socket mode: the one client is gone.
+            self.stop()
+        self.check_idle()
+
+    # lifetime --------------------------------------------------------------
+
+    def _cancel_idle(self) -> None:
+        if self._idle_handle is not None:
+            self._idle_handle.cancel()
+            self._idle_handle = None
+
+    def check_idle(self) -> None:
+        """(Re)arm the idle exit when nothing is connected or running."""
+        timeout = self.limits.idle_timeout
+        if timeout is None or self.connections or self.tasks:
+            self._cancel_idle()
+            return
+        if self._idle_handle is None:
+            self._idle_handle = self.loop.call_later(timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_handle = None
+        if self.connections or self.tasks:
+            return
+        if self.keep_alive is not None and self.keep_alive():
+            self.check_idle()
+            return
+        logger.info("idle for %.0f s, exiting", self.limits.idle_timeout or 0)
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    async def close(self) -> None:
+        """Stop accepting, close every connection, cancel running calls."""
+        self._cancel_idle()
+        for listener in self.listeners:
+            self.loop.remove_reader(listener.fileno())
+            listener.close()
+        self.listeners.clear()
+        for connection in list(self.connections):
+            connection.close()
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def bind_unix(path: str | os.PathLike[str], *, backlog: int = socket.SOMAXCONN) -> socket.socket:
+    """Bind and listen on a Unix socket path (dev mode, no activation).
+
+    A socket file nobody listens on is stale and replaced; one somebody does
+    listen on means the daemon already runs, and we refuse to steal it.
+    """
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)
+            else:
+                raise FileExistsError(errno.EADDRINUSE, f"{path} is served already")
+            finally:
+                probe.close()
+        sock.bind(path)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard one, as systemd advises for
+    daemons that hold many connections (the soft 1024 is for select())."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            logger.debug("cannot raise RLIMIT_NOFILE: %s", error)
