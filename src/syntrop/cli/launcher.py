@@ -19,6 +19,7 @@ Layout of a launcher directory DIR:
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -97,7 +98,8 @@ def spawn_activated(
     socket. LISTEN_PID must be the new process's own pid, which only the
     child knows: hence fork and exec rather than subprocess."""
     environment = {**os.environ, **env, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "varlink"}
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644) if log else -1
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    log_fd = os.open(log, flags, 0o644) if log else -1
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only execs
         try:
@@ -177,10 +179,8 @@ class Launcher:
         for slot in self.slots:
             self.loop.remove_reader(slot.sock.fileno())
             if slot.state.pid:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.state.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 5
         while any(slot.state.pid for slot in self.slots) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

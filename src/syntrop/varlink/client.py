@@ -18,7 +18,6 @@ from asyncvarlink import VarlinkClientProtocol, VarlinkInterface, VarlinkTranspo
 from asyncvarlink import connect_unix_varlink as _connect
 
 from syntrop.config import paths
-from syntrop.varlink.contract import contract_of
 
 DEFAULT_TIMEOUT = 45.0
 
@@ -45,9 +44,7 @@ class Client:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._interface, name, None)
-        if method is None or contract_of(method) is None and not hasattr(
-            method, "_varlink_signature"
-        ):
+        if method is None or not hasattr(method, "_varlink_signature"):
             raise AttributeError(f"{self._interface.name} has no method {name}")
         proxied = getattr(self._proxy, name)
         if method._varlink_signature.more:

@@ -45,6 +45,16 @@ def _is_stream(annotation: object) -> bool:
     )
 
 
+@typing.overload
+def method(function: Callable[..., Any], /) -> Any: ...
+
+
+@typing.overload
+def method(
+    *, return_parameter: str | None = None, allow_foreign: bool = False
+) -> Callable[[Callable[..., Any]], Any]: ...
+
+
 def method(
     function: Callable[..., Any] | None = None,
     *,

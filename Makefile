@@ -1,0 +1,52 @@
+# syntrop — make test · make run · make lint · make bench · make idl
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,lint]'
+	touch $@
+
+apt-deps:
+	@scripts/apt-deps
+
+# An independent Varlink client for the interop tests; they skip, saying
+# why, where it cannot be had.
+varlinkctl:
+	@scripts/fetch-varlinkctl || echo "make: varlinkctl unavailable; its tests will skip" >&2
+
+# All three tiers. The closing section says how many tests each tier ran.
+test: apt-deps $(STAMP) varlinkctl
+	$(PY) -m pytest tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+test-service: $(STAMP) varlinkctl
+	$(PY) -m pytest tests/service
+test-system: apt-deps $(STAMP) varlinkctl
+	$(PY) -m pytest tests/system
+
+# The suite in dev mode: sockets bound now, daemons started on first use.
+run: $(STAMP)
+	$(VENV)/bin/syn up
+	@echo "stop with: $(VENV)/bin/syn down"
+down: $(STAMP)
+	$(VENV)/bin/syn down
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+# Re-render interfaces/*.varlink from the contracts in src/syntrop/interfaces.
+idl: $(STAMP)
+	$(PY) -c 'import pathlib, syntrop.interfaces as i; [pathlib.Path("interfaces", c.name + ".varlink").write_text(c.render_interface_description()) for c in i.ALL]'
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,55 @@
+"""Tiers, and the closing line that says which tier ran how many tests.
+
+A test's tier is its directory: tests/unit, tests/service, tests/system. The
+marker is added here so `pytest -m service` selects a tier.
+"""
+
+import collections
+from pathlib import Path
+
+import pytest
+
+TIERS = ("unit", "service", "system")
+_ROOT = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        relative = Path(str(item.fspath)).relative_to(_ROOT)
+        tier = relative.parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def _tier(report: pytest.TestReport) -> str:
+    parts = Path(report.nodeid.split("::")[0]).parts
+    return parts[1] if len(parts) > 1 and parts[1] in TIERS else "other"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    skipped_reasons: dict[str, set[str]] = collections.defaultdict(set)
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if not isinstance(report, pytest.TestReport):
+                continue
+            if outcome == "passed" and report.when != "call":
+                continue
+            tier = _tier(report)
+            counts[tier][outcome] += 1
+            if outcome == "skipped" and isinstance(report.longrepr, tuple):
+                skipped_reasons[tier].add(str(report.longrepr[2]).removeprefix("Skipped: "))
+    terminalreporter.section("tiers")
+    for tier in (*TIERS, "other"):
+        if tier not in counts and tier != "other":
+            terminalreporter.write_line(f"{tier:8} not run")
+            continue
+        if tier == "other" and tier not in counts:
+            continue
+        c = counts[tier]
+        terminalreporter.write_line(
+            f"{tier:8} {c['passed']} passed, {c['failed'] + c['error']} failed, "
+            f"{c['skipped']} skipped"
+        )
+        for reason in sorted(skipped_reasons[tier]):
+            terminalreporter.write_line(f"{'':8} skipped because: {reason}")

@@ -1,0 +1,110 @@
+"""Starting daemons the way systemd does, for the service tier and benches.
+
+`activated()` runs a daemon under systemd's own systemd-socket-activate
+(Accept=no: the daemon gets the listening socket as fd 3 with LISTEN_FDS=1,
+LISTEN_FDNAMES=varlink) in a private set of directories, and always kills
+what it started.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from syntrop.cli.launcher import DAEMONS, Daemon
+
+REPO = Path(__file__).resolve().parent.parent
+INTERFACES = REPO / "interfaces"
+BY_INTERFACE = {daemon.interface: daemon for daemon in DAEMONS}
+
+
+@dataclass(frozen=True, slots=True)
+class Activated:
+    daemon: Daemon
+    socket: Path
+    root: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def address(self) -> str:
+        return f"unix:{self.socket}"
+
+
+def environment(root: Path, daemon: Daemon) -> dict[str, str]:
+    env = {
+        "RUNTIME_DIRECTORY": str(root / "run"),
+        "STATE_DIRECTORY": str(root / "state" / daemon.program),
+        "CACHE_DIRECTORY": str(root / "cache" / daemon.program),
+        "CONFIGURATION_DIRECTORY": str(root / "config"),
+    }
+    for key, value in env.items():
+        if key != "RUNTIME_DIRECTORY":
+            os.makedirs(value, exist_ok=True)
+    os.makedirs(env["RUNTIME_DIRECTORY"], exist_ok=True)
+    return env
+
+
+@contextlib.contextmanager
+def activated(
+    daemon: Daemon | str,
+    root: Path,
+    *,
+    idle_timeout: float = 0,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Activated]:
+    """Run `daemon` (a Daemon or its program name) socket-activated."""
+    if isinstance(daemon, str):
+        daemon = next(d for d in DAEMONS if daemon in (d.program, d.interface))
+    tool = shutil.which("systemd-socket-activate")
+    if tool is None:
+        raise RuntimeError("systemd-socket-activate is not installed (package systemd)")
+    env = environment(root, daemon)
+    sock = root / "run" / daemon.interface
+    argv = [
+        tool, "-l", str(sock), "--fdname=varlink",
+        *(f"-E{key}={value}" for key, value in env.items()),
+        f"-ESYNTROP_IDLE_TIMEOUT={idle_timeout}",
+        *(f"-E{key}={value}" for key, value in (extra_env or {}).items()),
+        "-EPYTHONPATH=" + os.environ.get("PYTHONPATH", ""),
+        sys.executable, "-m", daemon.module,
+    ]
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{daemon.program} did not bind {sock}")
+            time.sleep(0.005)
+        yield Activated(daemon, sock, root, process)
+    finally:
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
+    """SIGTERM, then SIGKILL the process group; never leave it behind."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def varlinkctl() -> str | None:
+    """A varlinkctl binary: $VARLINKCTL, one on PATH, or build/varlinkctl
+    (made by scripts/fetch-varlinkctl, which `make test` runs)."""
+    candidates = [os.environ.get("VARLINKCTL"), shutil.which("varlinkctl"),
+                  str(REPO / "build" / "varlinkctl" / "varlinkctl")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
