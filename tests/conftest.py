@@ -5,6 +5,9 @@ marker is added here so `pytest -m service` selects a tier.
 """
 
 import collections
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,33 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
         for reason in sorted(skipped_reasons[tier]):
             terminalreporter.write_line(f"{'':8} skipped because: {reason}")
+
+
+def _children() -> list[str]:
+    """Live (non-zombie) child processes of this test process."""
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)
+        except OSError:
+            continue
+        state, ppid = fields[1].split()[:2]
+        if ppid == me and state != "Z":
+            found.append(f"{entry} {fields[0].split('(', 1)[1]}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """Fail a test that leaves a child process running (cockpit's
+    _check_settled idea): every fixture must kill what it started."""
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 2
+    while (left := set(_children()) - before) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left, f"test left processes running: {sorted(left)}"

@@ -45,3 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"routerctl: cannot reach routerd: {error}", file=sys.stderr)
         sys.exit(1)
     print(json.dumps(result, default=str, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """syn: the user's command for the suite.
 
     syn up [--dir DIR]      run the seven daemons socket-activated (dev mode)
-    syn status [--dir DIR]  which daemons run, their sockets, their versions
+    syn status [--dir DIR]  which daemons run, their sockets, their last exit
     syn down [--dir DIR]    stop them
 
 Later commands (pull, list, rm, pin, prune, run, ps, incidents, audit) join
@@ -9,7 +9,6 @@ here as their daemons gain the methods behind them.
 """
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from syntrop.cli.launcher import DAEMONS, default_directory
 
@@ -70,19 +68,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _probe(path: Path) -> dict[str, Any] | None:
-    from syntrop.varlink.client import connect
-    from syntrop.varlink.service import ServiceInterface
-
-    try:
-        client = await connect(ServiceInterface, address=path, timeout=5)
-    except OSError:
-        return None
-    async with client:
-        info: dict[str, Any] = await client.GetInfo()
-        return info
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     pid = _launcher_pid(directory)
@@ -94,9 +79,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for daemon in DAEMONS:
         path = directory / "run" / daemon.interface
         state = states.get(daemon.program, {})
-        # Only running daemons are asked: a probe would activate the others.
+        # Like systemctl status, this asks the launcher, not the daemons: a
+        # call would start an idle daemon, or keep a running one from idling.
         running = pid is not None and bool(state.get("pid"))
-        info = asyncio.run(_probe(path)) if running else None
         rows.append(
             {
                 "daemon": daemon.program,
@@ -105,7 +90,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "state": "running" if running else "listening" if pid is not None else "down",
                 "pid": state.get("pid"),
                 "starts": state.get("starts", 0),
-                "version": info.get("version") if info else None,
+                "last_exit": state.get("last_exit"),
             }
         )
     if args.json:
@@ -115,12 +100,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"syntrop in {directory}" + ("" if pid else " (down)"), box=None)
-    for column in ("DAEMON", "STATE", "PID", "STARTS", "VERSION", "SOCKET"):
+    for column in ("DAEMON", "STATE", "PID", "STARTS", "LAST EXIT", "SOCKET"):
         table.add_column(column)
     for row in rows:
+        last_exit = row["last_exit"]
         table.add_row(
             row["daemon"], row["state"], str(row["pid"] or "-"), str(row["starts"]),
-            row["version"] or "-", row["socket"],
+            "-" if last_exit is None else str(last_exit), row["socket"],
         )
     Console().print(table)
     # Like systemctl status: 3 when not running.
@@ -175,3 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

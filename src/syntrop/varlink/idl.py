@@ -160,7 +160,7 @@ def render(cls: Any, *, comments: bool = True) -> str:
             for dc in _types_in(annotation):
                 types.setdefault(dc.__name__, dc)
     for error in errors:
-        for annotation in typing.get_type_hints(getattr(error, "Parameters")).values():
+        for annotation in typing.get_type_hints(error.__annotations__["parameters"]).values():
             for dc in _types_in(annotation):
                 types.setdefault(dc.__name__, dc)
 
@@ -192,7 +192,7 @@ def render(cls: Any, *, comments: bool = True) -> str:
     for error in errors:
         short = error.name.removeprefix(cls.name + ".")
         doc = parse_doc(error.__doc__)
-        hints = typing.get_type_hints(getattr(error, "Parameters"))
+        hints = typing.get_type_hints(error.__annotations__["parameters"])
         items = [(key, hint, False) for key, hint in hints.items()]
         lines.append("")
         if comments:
