@@ -77,13 +77,29 @@ def activated(
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not sock.exists():
+        while not listening(sock):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{daemon.program} did not bind {sock}")
             time.sleep(0.005)
         yield Activated(daemon, sock, root, process)
     finally:
         stop(process)
+
+
+def listening(path: Path) -> bool:
+    """Whether a Unix socket is bound at `path` AND listening. The file
+    appears at bind(), before listen(): a connect in between is refused.
+    /proc/net/unix marks listening sockets with __SO_ACCEPTCON (0x10000)."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return path.exists()
+    target = str(path)
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == target and int(fields[3], 16) & 0x10000:
+            return True
+    return False
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 5) -> None:

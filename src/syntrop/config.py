@@ -12,6 +12,7 @@ than one; the first is ours.
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RUNTIME_DEFAULT = "/run/syntrop"
 STATE_DEFAULT = "/var/lib/syntrop"
@@ -61,3 +62,20 @@ class Paths:
 
 def paths() -> Paths:
     return Paths.from_environment()
+
+
+class ConfigError(Exception):
+    """A configuration file exists but cannot be used; the message says where."""
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """A daemon's TOML configuration; an absent file is an empty one."""
+    import tomllib
+
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: {error}") from None

@@ -6,7 +6,7 @@ def main() -> None:
     from syntrop.inferenced.service import InferenceService
     from syntrop.varlink.daemon import run
 
-    run("inferenced", "io.syntrop.Inference1", InferenceService)
+    run("inferenced", "io.syntrop.Inference1", InferenceService.open)
 
 
 if __name__ == "__main__":

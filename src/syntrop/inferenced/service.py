@@ -1,15 +1,614 @@
 """The Varlink face of inferenced: io.syntrop.Inference1.
 
-Methods not implemented here answer org.varlink.service.MethodNotImplemented
-(inherited from the contract) until their issue lands.
+Each method validates, asks the arbiter, persists, applies (cgroup freezer,
+pid watches), then answers. State reaches SQLite before the reply.
+
+Preemption: when an EmergencyTriage grant freezes leases, their cgroups are
+frozen before the reply returns (the seed allows 250 ms; we wait for the
+kernel's "frozen 1" event, bounded by that). The cgroup of a lease is its
+unit's, else its pid's; the root cgroup and any cgroup containing inferenced
+itself are never frozen. When no cgroup can be frozen the lease is still
+frozen in the books, and the log says why.
 """
 
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from asyncvarlink import FileDescriptor
+
 from syntrop.config import Paths
-from syntrop.interfaces.inference import Inference1
+from syntrop.inferenced import arbiter as arb
+from syntrop.inferenced.config import Config, load
+from syntrop.inferenced.store import Group, LeaseRecord, Model, Store
+from syntrop.inferenced.topology import PlaneInfo, Topology, choose, scan
+from syntrop.interfaces.inference import (
+    AcquireBufferResult,
+    AcquireCompositeLeaseResult,
+    AcquireLeaseResult,
+    CompositeLease,
+    ComputePlane,
+    GetPressureResult,
+    GetTopologyResult,
+    Inference1,
+    InvalidParameter,
+    LeaseInfo,
+    LeaseNotFound,
+    ModelInfo,
+    ModelNotFound,
+    PlaneNotFound,
+    PlaneQuarantined,
+    PlaneSlice,
+    PressureTooHigh,
+    ResourceExhaustion,
+    RuntimeUnavailable,
+)
+from syntrop.system import cgroup, process, psi
+from syntrop.varlink import current_peer, implements, require
+
+logger = logging.getLogger(__name__)
+
+LEVELS = ("normal", "elevated", "critical")
+#: Priorities refused at each pressure level.
+REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
+FREEZE_TIMEOUT = 0.25
+MAX_NAME = 256
+
+
+def _check_name(value: str | None, parameter: str) -> None:
+    if value is not None and (len(value) > MAX_NAME or "\0" in value):
+        raise InvalidParameter(parameter=parameter)
 
 
 class InferenceService(Inference1):
     """Discovers compute planes and leases them by priority."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, config: Config | None = None) -> None:
         self.paths = paths
+        self.config = config or load(paths.configuration / "inferenced.toml")
+        self.root = self.config.root
+        self.topology: Topology = scan(self.root, self.config.topology)
+        self.store = Store(paths.state / "inferenced.db")
+        records, groups, models, quarantine = self.store.load()
+        self.records = {r.lease.id: r for r in records}
+        self.groups = {g.id: g for g in groups}
+        self.models = {m.id: m for m in models}
+        self.quarantine = quarantine
+        self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
+        self.mount = cgroup.find_mount()
+        self.own_cgroup = cgroup.cgroup_of_pid(os.getpid())
+        self.watches: dict[int, int] = {}  # pid -> pidfd
+        self.buffers: dict[str, int] = {}  # lease id -> memfd
+        self.lock = asyncio.Lock()
+        self.freeze_latencies: list[float] = []
+
+    @classmethod
+    async def open(cls, paths: Paths) -> "InferenceService":
+        service = cls(paths)
+        await service.restore()
+        return service
+
+    # state -------------------------------------------------------------------
+
+    def _planes(self) -> list[arb.Plane]:
+        return [
+            arb.Plane(
+                id=p.id,
+                total=p.total_memory,
+                triage_reserve=p.triage_reserve,
+                quarantined=self.quarantine.get(p.id),
+            )
+            for p in self.topology.planes
+        ]
+
+    def _rescan(self) -> None:
+        self.topology = scan(self.root, self.config.topology)
+        self.arbiter.planes = {p.id: p for p in self._planes()}
+
+    async def restore(self) -> None:
+        """After a restart: drop leases whose process is gone, re-freeze what
+        must stay frozen, watch the rest."""
+        dead = [
+            r.lease.id
+            for r in self.records.values()
+            if r.lease.pid is not None and not process.alive(r.lease.pid, r.pid_start)
+        ]
+        for lease_id in dead:
+            if lease_id in self.arbiter.leases:
+                logger.info("lease %s: its process is gone, releasing", lease_id)
+                await self._release(lease_id)
+        for record in self.records.values():
+            self._apply_freeze(record, record.lease.state == "frozen")
+            if record.lease.pid is not None:
+                self._watch(record.lease.pid)
+
+    def keep_alive(self) -> bool:
+        """Stay up while leases need watching (their pids, their freezes)."""
+        return bool(self.records)
+
+    # cgroups and pids --------------------------------------------------------
+
+    def _target_cgroup(self, unit: str | None, pid: int | None) -> str | None:
+        if self.mount is None:
+            return None
+        found = None
+        if unit:
+            found = cgroup.unit_cgroup(self.mount, unit)
+        if found is None and pid is not None:
+            found = cgroup.cgroup_of_pid(pid)
+        if found is None or found == "/":
+            return None
+        if self.own_cgroup is not None and cgroup.contains(found, self.own_cgroup):
+            logger.warning("cgroup %s contains inferenced itself: never frozen", found)
+            return None
+        return found
+
+    def _apply_freeze(self, record: LeaseRecord, frozen: bool) -> None:
+        if record.cgroup is None or self.mount is None:
+            return
+        # Siblings of a composite lease share a cgroup: freeze it once.
+        directory = self.mount / record.cgroup.lstrip("/")
+        started = time.monotonic()
+        try:
+            if cgroup.is_frozen(directory) != frozen:
+                cgroup.set_frozen(directory, frozen, timeout=FREEZE_TIMEOUT)
+        except cgroup.CgroupError as error:
+            logger.warning("lease %s: %s, ignoring", record.lease.id, error)
+            return
+        if frozen:
+            self.freeze_latencies.append(time.monotonic() - started)
+
+    def _watch(self, pid: int) -> None:
+        if pid in self.watches:
+            return
+        fd = process.pidfd(pid)
+        if fd is None:
+            return
+        self.watches[pid] = fd
+        asyncio.get_running_loop().add_reader(fd, self._process_exited, pid)
+
+    def _unwatch_unused(self) -> None:
+        used = {r.lease.pid for r in self.records.values()}
+        for pid in [pid for pid in self.watches if pid not in used]:
+            fd = self.watches.pop(pid)
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _process_exited(self, pid: int) -> None:
+        fd = self.watches.pop(pid, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+        owned = [r.lease.id for r in self.records.values() if r.lease.pid == pid]
+        if owned:
+            task = asyncio.get_running_loop().create_task(self._release_dead(owned))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def _release_dead(self, lease_ids: list[str]) -> None:
+        async with self.lock:
+            for lease_id in lease_ids:
+                if lease_id in self.arbiter.leases:
+                    logger.info("lease %s: its process exited, releasing", lease_id)
+                    await self._release(lease_id)
+
+    # the core of acquire and release -----------------------------------------
+
+    def _pressure_gate(self, priority: str) -> None:
+        level, resource = self._level()
+        if priority in REFUSED.get(level, set()):
+            raise PressureTooHigh(resource=resource, level=level, priority=priority)
+
+    async def _grant(
+        self,
+        requests: list[tuple[str, int]],
+        *,
+        priority: str,
+        unit: str | None,
+        pid: int | None,
+        group: Group | None = None,
+        slices: list[PlaneSlice] | None = None,
+    ) -> list[arb.Lease]:
+        peer = current_peer()
+        if pid is None:
+            pid = peer.pid or None
+        pid_start = process.start_time(pid) if pid is not None else None
+        if pid is not None and pid_start is None:
+            raise InvalidParameter(parameter="pid")
+        self._pressure_gate(priority)
+        ids = [f"lease-{secrets.token_hex(6)}" for _ in requests]
+        try:
+            grant = self.arbiter.acquire(
+                requests, ids=ids, priority=priority, owner_uid=peer.uid, pid=pid,
+                unit=unit, group=group.id if group else None,
+            )
+        except arb.PlaneUnknown as error:
+            raise PlaneNotFound(plane=error.plane) from None
+        except arb.PlaneInQuarantine as error:
+            raise PlaneQuarantined(plane=error.plane, reason=error.reason) from None
+        except arb.Exhausted as error:
+            raise ResourceExhaustion(
+                plane=error.plane, requested=error.requested, available=error.available
+            ) from None
+        except arb.InvalidPriority:
+            raise InvalidParameter(parameter="priority") from None
+        except arb.InvalidMemory:
+            raise InvalidParameter(parameter="memory_bytes") from None
+        except arb.ArbiterError:
+            raise InvalidParameter(parameter="slices") from None
+        target = self._target_cgroup(unit, pid)
+        new = []
+        for index, lease in enumerate(grant.leases):
+            piece = slices[index] if slices else None
+            new.append(
+                LeaseRecord(
+                    lease=lease, pid_start=pid_start, cgroup=target,
+                    role=piece.role if piece else None,
+                    stage_index=piece.stage_index if piece else None,
+                )
+            )
+        changed = [replace(self.records[v.id], lease=v) for v in grant.preempted]
+        try:
+            await self.store.save(new + changed, group=group)
+        except BaseException:
+            # Not persisted: not granted. Undo in memory.
+            for lease in grant.leases:
+                self.arbiter.leases.pop(lease.id, None)
+            for victim in grant.preempted:
+                self.arbiter.leases[victim.id] = replace(victim, state="active")
+            raise
+        for record in new:
+            self.records[record.lease.id] = record
+        if group is not None:
+            self.groups[group.id] = group
+        for record in changed:
+            self.records[record.lease.id] = record
+            self._apply_freeze(record, True)
+        if pid is not None:
+            self._watch(pid)
+        return grant.leases
+
+    async def _release(self, lease_id: str) -> None:
+        try:
+            released, thawed = self.arbiter.release(lease_id)
+        except arb.LeaseUnknown:
+            raise LeaseNotFound(lease_id=lease_id) from None
+        groups = {lease.group for lease in released if lease.group}
+        thawed_records = [replace(self.records[t.id], lease=t) for t in thawed]
+        await self.store.save(
+            thawed_records, remove=[lease.id for lease in released], drop_groups=sorted(groups)
+        )
+        for lease in released:
+            record = self.records.pop(lease.id)
+            if lease.state == "frozen":
+                self._apply_freeze(record, False)
+            buffer = self.buffers.pop(lease.id, None)
+            if buffer is not None:
+                os.close(buffer)
+        for group_id in groups:
+            self.groups.pop(group_id, None)
+        for record in thawed_records:
+            self.records[record.lease.id] = record
+            self._apply_freeze(record, False)
+        self._unwatch_unused()
+
+    def _owned(self, lease_id: str) -> LeaseRecord:
+        record = self.records.get(lease_id)
+        if record is None:
+            raise LeaseNotFound(lease_id=lease_id)
+        require(uid=record.lease.owner_uid)
+        return record
+
+    # pressure ------------------------------------------------------------------
+
+    def _readings(self) -> dict[str, float]:
+        values = {}
+        for resource in psi.RESOURCES:
+            reading = psi.read(resource, root=self.root / "proc")
+            values[resource] = reading.some.avg10 if reading else 0.0
+        return values
+
+    def _level(self) -> tuple[str, str]:
+        """The worst level over the resources, and the resource causing it."""
+        worst, cause = 0, "memory"
+        for resource, value in self._readings().items():
+            elevated, critical = self.config.thresholds[resource]
+            level = 2 if value >= critical else 1 if value >= elevated else 0
+            if level > worst:
+                worst, cause = level, resource
+        return LEVELS[worst], cause
+
+    # the interface -------------------------------------------------------------
+
+    @implements
+    def GetTopology(self) -> GetTopologyResult:
+        self._rescan()
+        planes = [self._plane(p) for p in self.topology.planes]
+        return {
+            "planes": planes,
+            "total_ram": self.topology.total_ram,
+            "available_ram": self.topology.available_ram,
+            "cpu_cores": self.topology.cpu_cores,
+        }
+
+    def _plane(self, p: PlaneInfo) -> ComputePlane:
+        free_on_device = max(0, p.total_memory - p.used_memory)
+        available = max(0, free_on_device - self.arbiter.held(p.id))
+        return ComputePlane(
+            id=p.id, name=p.name, kind=p.kind, total_memory=p.total_memory,
+            available_memory=available, is_triage_reserved=p.triage_reserve > 0,
+            quarantined=self.quarantine.get(p.id),
+        )
+
+    @implements
+    def GetPressure(self) -> GetPressureResult:
+        readings = self._readings()
+        level, _ = self._level()
+        return {
+            "level": level,
+            "cpu_some": readings["cpu"],
+            "memory_some": readings["memory"],
+            "io_some": readings["io"],
+        }
+
+    @implements
+    async def AcquireLease(
+        self,
+        *,
+        priority: str,
+        memory_bytes: int,
+        plane: str | None,
+        unit: str | None,
+        pid: int | None,
+    ) -> AcquireLeaseResult:
+        _check_name(unit, "unit")
+        if priority not in arb.PRIORITIES:
+            raise InvalidParameter(parameter="priority")
+        if not 0 < memory_bytes <= arb.MAX_LEASE_BYTES:
+            raise InvalidParameter(parameter="memory_bytes")
+        async with self.lock:
+            target = plane if plane is not None else self._best_plane(priority, memory_bytes)
+            (lease,) = await self._grant(
+                [(target, memory_bytes)], priority=priority, unit=unit, pid=pid
+            )
+        return {"lease_id": lease.id, "plane_id": lease.plane, "allocated_memory": lease.memory}
+
+    def _best_plane(self, priority: str, memory: int) -> str:
+        """The fitting plane with the least room left (best fit), preferring
+        accelerators over the CPU."""
+        fitting = [
+            p for p in self.topology.planes
+            if p.id not in self.quarantine and self.arbiter.available(p.id, priority) >= memory
+        ]
+        if not fitting:
+            # Let the arbiter try preemption (and name the plane that came closest).
+            candidates = [p for p in self.topology.planes if p.id not in self.quarantine]
+            if not candidates:
+                raise ResourceExhaustion(plane="", requested=memory, available=0)
+            return max(candidates, key=lambda p: self.arbiter.available(p.id, priority)).id
+        return min(
+            fitting,
+            key=lambda p: (p.kind == "cpu", self.arbiter.available(p.id, priority) - memory),
+        ).id
+
+    @implements
+    async def AcquireCompositeLease(
+        self,
+        *,
+        gang_id: str,
+        slices: list[PlaneSlice],
+        gang_policy: str,
+        priority: str,
+        client_unit: str | None,
+    ) -> AcquireCompositeLeaseResult:
+        _check_name(gang_id, "gang_id")
+        _check_name(client_unit, "client_unit")
+        if gang_policy != "all-or-nothing":
+            raise InvalidParameter(parameter="gang_policy")
+        if priority not in arb.PRIORITIES:
+            raise InvalidParameter(parameter="priority")
+        if not slices or len(slices) > 64:
+            raise InvalidParameter(parameter="slices")
+        if any(s.role not in ("pipeline", "tensor") for s in slices):
+            raise InvalidParameter(parameter="slices")
+        if any(not 0 < s.memory_bytes <= arb.MAX_LEASE_BYTES for s in slices):
+            raise InvalidParameter(parameter="slices")
+        named = [s.plane_id for s in slices if s.plane_id]
+        if len(set(named)) != len(named):
+            raise InvalidParameter(parameter="slices")
+        async with self.lock:
+            placed = self._place(slices, priority)
+            group = Group(id=f"gang-{secrets.token_hex(6)}", gang_id=gang_id,
+                          gang_policy=gang_policy)
+            leases = await self._grant(
+                [(s.plane_id, s.memory_bytes) for s in placed], priority=priority,
+                unit=client_unit, pid=None, group=group, slices=placed,
+            )
+        return {
+            "lease_id": group.id,
+            "allocated_slices": [
+                replace(s, plane_id=lease.plane) for s, lease in zip(placed, leases, strict=True)
+            ],
+        }
+
+    def _place(self, slices: list[PlaneSlice], priority: str) -> list[PlaneSlice]:
+        """Give every slice without a plane the tightest fitting set."""
+        open_slices = [s for s in slices if not s.plane_id]
+        if not open_slices:
+            return slices
+        taken = {s.plane_id for s in slices if s.plane_id}
+        need = max(s.memory_bytes for s in open_slices)
+        candidates = [
+            p for p in self.topology.planes
+            if p.kind != "cpu" and p.id not in taken and p.id not in self.quarantine
+            and self.arbiter.available(p.id, priority) >= need
+        ]
+        pipeline = all(s.role == "pipeline" for s in open_slices)
+        chosen = choose(candidates, len(open_slices), self.topology.numa_distances,
+                        pipeline=pipeline)
+        if chosen is None:
+            best = max((self.arbiter.available(p.id, priority) for p in self.topology.planes
+                        if p.kind != "cpu"), default=0)
+            raise ResourceExhaustion(plane="", requested=need, available=best)
+        if pipeline:
+            open_slices = sorted(open_slices, key=lambda s: (s.stage_index or 0))
+        assigned = dict(zip((id(s) for s in open_slices), chosen, strict=True))
+        return [replace(s, plane_id=assigned[id(s)].id) if not s.plane_id else s for s in slices]
+
+    @implements
+    async def ReleaseLease(self, *, lease_id: str) -> None:
+        async with self.lock:
+            record = self.records.get(lease_id) or next(
+                (r for r in self.records.values() if r.lease.group == lease_id), None
+            )
+            if record is None:
+                raise LeaseNotFound(lease_id=lease_id)
+            require(uid=record.lease.owner_uid)
+            await self._release(record.lease.id)
+
+    @implements
+    async def Yield(self, *, lease_id: str) -> None:
+        await self.ReleaseLease(lease_id=lease_id)
+
+    async def _set_frozen(self, lease_id: str, frozen: bool) -> None:
+        async with self.lock:
+            self._owned(lease_id)
+            try:
+                changed = self.arbiter.set_frozen(lease_id, frozen)
+            except arb.Exhausted as error:
+                raise ResourceExhaustion(
+                    plane=error.plane, requested=error.requested, available=error.available
+                ) from None
+            await self.store.set_states({lease.id: lease.state for lease in changed})
+            for lease in changed:
+                record = replace(self.records[lease.id], lease=lease)
+                self.records[lease.id] = record
+                self._apply_freeze(record, frozen)
+
+    @implements
+    async def Freeze(self, *, lease_id: str) -> None:
+        await self._set_frozen(lease_id, True)
+
+    @implements
+    async def Thaw(self, *, lease_id: str) -> None:
+        await self._set_frozen(lease_id, False)
+
+    @implements
+    def ListLeases(self) -> list[LeaseInfo]:
+        return [
+            LeaseInfo(
+                id=r.lease.id, plane_id=r.lease.plane, allocated_memory=r.lease.memory,
+                priority=r.lease.priority, state=r.lease.state, client_unit=r.lease.unit,
+                client_pid=r.lease.pid,
+            )
+            for r in sorted(self.records.values(), key=lambda r: r.lease.seq)
+            if r.lease.group is None
+        ]
+
+    @implements
+    def ListCompositeLeases(self) -> list[CompositeLease]:
+        out = []
+        for group in self.groups.values():
+            members = sorted(
+                (r for r in self.records.values() if r.lease.group == group.id),
+                key=lambda r: r.lease.seq,
+            )
+            out.append(
+                CompositeLease(
+                    lease_id=group.id, gang_id=group.gang_id, gang_policy=group.gang_policy,
+                    slices=[
+                        PlaneSlice(plane_id=r.lease.plane, role=r.role or "tensor",
+                                   stage_index=r.stage_index, memory_bytes=r.lease.memory)
+                        for r in members
+                    ],
+                )
+            )
+        return out
+
+    @implements
+    def ListModels(self) -> list[ModelInfo]:
+        return [
+            ModelInfo(
+                id=m.id, format=m.format, path=m.path, estimated_memory=m.estimated_bytes,
+                placement=",".join(
+                    p.id for p in self.topology.planes
+                    if p.id not in self.quarantine
+                    and self.arbiter.available(p.id, "Interactive") >= m.estimated_bytes
+                ) or "none",
+            )
+            for m in self.models.values()
+        ]
+
+    @implements
+    async def RegisterModel(self, *, id: str, format: str, path: str, estimated_bytes: int) -> None:
+        if not id or len(id) > MAX_NAME or "\0" in id or "/" in id:
+            raise InvalidParameter(parameter="id")
+        if not format or len(format) > 32:
+            raise InvalidParameter(parameter="format")
+        if not path or len(path) > 4096 or "\0" in path:
+            raise InvalidParameter(parameter="path")
+        if not 0 < estimated_bytes <= arb.MAX_LEASE_BYTES:
+            raise InvalidParameter(parameter="estimated_bytes")
+        model = Model(id=id, format=format, path=path, estimated_bytes=estimated_bytes)
+        await self.store.put_model(model)
+        self.models[id] = model
+
+    @implements
+    async def StreamInference(self, *, model: str, prompt: str) -> AsyncIterator[str]:
+        if model not in self.models:
+            raise ModelNotFound(model=model)
+        raise RuntimeUnavailable(reason="runtimed does not serve inference yet")
+        yield ""  # pragma: no cover - makes this a generator
+
+    @implements
+    def AcquireBuffer(self, *, lease_id: str) -> AcquireBufferResult:
+        record = self._owned(lease_id)
+        if record.lease.plane != "cpu":
+            raise InvalidParameter(parameter="lease_id")
+        fd = self.buffers.get(lease_id)
+        if fd is None:
+            fd = os.memfd_create(f"syntrop-{lease_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, record.lease.memory)
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self.buffers[lease_id] = fd
+        # The reply owns (and closes) a duplicate; the lease keeps the original.
+        return {"buffer": FileDescriptor(os.dup(fd), should_close=True),
+                "size": record.lease.memory}
+
+    @implements
+    async def Quarantine(self, *, plane: str, reason: str) -> None:
+        require()
+        if self.topology.plane(plane) is None:
+            raise PlaneNotFound(plane=plane)
+        if not reason or len(reason) > 1024:
+            raise InvalidParameter(parameter="reason")
+        await self.store.set_quarantine(plane, reason)
+        self.quarantine[plane] = reason
+        self.arbiter.planes[plane] = replace(self.arbiter.planes[plane], quarantined=reason)
+
+    @implements
+    async def Unquarantine(self, *, plane: str) -> None:
+        require()
+        if self.topology.plane(plane) is None:
+            raise PlaneNotFound(plane=plane)
+        await self.store.set_quarantine(plane, None)
+        self.quarantine.pop(plane, None)
+        self.arbiter.planes[plane] = replace(self.arbiter.planes[plane], quarantined=None)
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self.watches.values():
+            loop.remove_reader(fd)
+            os.close(fd)
+        self.watches.clear()
+        for fd in self.buffers.values():
+            os.close(fd)
+        self.buffers.clear()
+        self.store.close()
+

@@ -93,3 +93,31 @@ def set_frozen(directory: Path, frozen: bool, *, timeout: float = 0.25) -> None:
             f"cannot {'freeze' if frozen else 'thaw'} {directory}: {error.strerror}"
         ) from None
     _wait_events(directory, frozen, timeout)
+
+
+def unit_cgroup(mount: Path, unit: str, *, max_depth: int = 4) -> str | None:
+    """The cgroup of a systemd unit, found by its directory name under the v2
+    mount (units sit in their slice: /system.slice/foo.service,
+    /user.slice/user-1000.slice/...). Breadth-first, bounded depth."""
+    level = [mount]
+    for _ in range(max_depth):
+        following: list[Path] = []
+        for directory in level:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.name == unit:
+                    return "/" + str(Path(entry.path).relative_to(mount))
+                following.append(Path(entry.path))
+        level = following
+    return None
+
+
+def contains(outer: str, inner: str) -> bool:
+    """Whether cgroup `inner` is `outer` or below it."""
+    outer = outer.rstrip("/") or "/"
+    return outer == "/" or inner == outer or inner.startswith(outer + "/")

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncvarlink import VarlinkInterface
 
@@ -71,17 +71,19 @@ async def _serve(
     raise_fd_limit()
     paths = Paths.from_environment()
     inherited = listen_fds()
-    if idle_timeout is None and os.environ.get("SYNTROP_IDLE_TIMEOUT"):
-        idle_timeout = float(os.environ["SYNTROP_IDLE_TIMEOUT"])
+    if idle_timeout is None:
+        idle_timeout = _from_environment("SYNTROP_IDLE_TIMEOUT", float)
     if idle_timeout is None:
         idle_timeout = DEFAULT_IDLE_TIMEOUT if inherited else 0
     made: Any = factory(paths)
     service: VarlinkInterface = await made if inspect.isawaitable(made) else made
     server = Server(
         [service],
-        limits=Limits(idle_timeout=idle_timeout or None),
+        limits=_limits(idle_timeout),
         product=program,
-        keep_alive=keep_alive,
+        # A service with work that outlives connections (leases to watch)
+        # says so through its own keep_alive().
+        keep_alive=keep_alive or getattr(service, "keep_alive", None),
     )
     if inherited:
         for sock in inherited.sockets:
@@ -112,6 +114,38 @@ async def _serve(
         closer = getattr(service, "aclose", None)
         if closer is not None:
             await closer()
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _from_environment(variable: str, kind: type[_Number]) -> _Number | None:
+    """A non-negative number from the environment; None when unset or bad."""
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        number = None
+    if number is None or not number >= 0 or number == float("inf"):
+        logger.warning("$%s=%r is not a non-negative number, ignoring", variable, value)
+        return None
+    return number
+
+
+def _limits(idle_timeout: float) -> Limits:
+    """The server's limits: sd-varlink's defaults, the connection caps
+    overridable by $SYNTROP_MAX_CONNECTIONS and
+    $SYNTROP_MAX_CONNECTIONS_PER_UID (tests and small hosts)."""
+    defaults = Limits()
+    total = _from_environment("SYNTROP_MAX_CONNECTIONS", int)
+    per_uid = _from_environment("SYNTROP_MAX_CONNECTIONS_PER_UID", int)
+    return Limits(
+        max_connections=defaults.max_connections if total is None else total,
+        max_connections_per_uid=defaults.max_connections_per_uid if per_uid is None else per_uid,
+        idle_timeout=idle_timeout or None,
+    )
 
 
 async def _watchdog(interval: float) -> None:

@@ -123,7 +123,9 @@ class ArbiterMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.arbiter = Arbiter([Plane(id="p0", total=10, triage_reserve=2), Plane(id="p1", total=6)])
+        self.arbiter = Arbiter(
+            [Plane(id="p0", total=10, triage_reserve=2), Plane(id="p1", total=6)]
+        )
         self.expected: set[str] = set()
         self.counter = 0
 

@@ -1,0 +1,85 @@
+"""inferenced.toml, validated into records.
+
+    root = "/"                      # where /sys and /proc are read (tests: a fake tree)
+
+    [triage]
+    plane = "cpu"                   # a plane kept for EmergencyTriage
+    reserve_bytes = 1073741824      # how much of it (0: all of it)
+
+    [pressure]                      # avg10 "some" percentages
+    memory_elevated = 10.0
+    memory_critical = 25.0
+    cpu_elevated = 60.0
+    cpu_critical = 90.0
+    io_elevated = 40.0
+    io_critical = 80.0
+
+    [devices.drm-renderD128]        # for devices whose memory sysfs does not tell
+    name = "Accelerator A"
+    memory_bytes = 25769803776
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from syntrop.config import ConfigError, load_toml
+from syntrop.inferenced.topology import DeviceConfig, TopologyConfig
+
+DEFAULT_THRESHOLDS = {
+    "memory": (10.0, 25.0),
+    "cpu": (60.0, 90.0),
+    "io": (40.0, 80.0),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    root: Path = Path("/")
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    #: resource -> (elevated, critical) avg10 thresholds in percent.
+    thresholds: dict[str, tuple[float, float]] = field(
+        default_factory=lambda: dict(DEFAULT_THRESHOLDS)
+    )
+
+
+def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{where}: {key} must be a non-negative number")
+    return float(value)
+
+
+def parse(data: dict[str, Any], where: str = "inferenced.toml") -> Config:
+    root = Path(str(data.get("root", "/")))
+    triage = data.get("triage", {})
+    devices: dict[str, DeviceConfig] = {}
+    for device_id, table in data.get("devices", {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [devices.{device_id}] must be a table")
+        memory = table.get("memory_bytes")
+        if memory is not None and (not isinstance(memory, int) or memory < 0):
+            raise ConfigError(f"{where}: devices.{device_id}.memory_bytes must be bytes")
+        devices[device_id] = DeviceConfig(name=table.get("name"), memory_bytes=memory)
+    reserve = triage.get("reserve_bytes", 0)
+    if not isinstance(reserve, int) or reserve < 0:
+        raise ConfigError(f"{where}: triage.reserve_bytes must be bytes")
+    pressure = data.get("pressure", {})
+    thresholds = {
+        resource: (
+            _number(pressure, f"{resource}_elevated", elevated, where),
+            _number(pressure, f"{resource}_critical", critical, where),
+        )
+        for resource, (elevated, critical) in DEFAULT_THRESHOLDS.items()
+    }
+    return Config(
+        root=root,
+        topology=TopologyConfig(
+            devices=devices, triage_plane=triage.get("plane"), triage_reserve_bytes=reserve
+        ),
+        thresholds=thresholds,
+    )
+
+
+def load(path: Path) -> Config:
+    return parse(load_toml(path), str(path))

@@ -1,0 +1,162 @@
+"""inferenced's durable state: leases, composite groups, models, quarantine.
+
+Written before each reply (SQLite, WAL) so kill -9 and a restart lose
+nothing a client was told.
+"""
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from syntrop.inferenced.arbiter import Lease
+from syntrop.system.sqlite import Database
+
+MIGRATIONS = (
+    """
+    CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        plane TEXT NOT NULL,
+        memory INTEGER NOT NULL,
+        priority TEXT NOT NULL,
+        state TEXT NOT NULL,
+        owner_uid INTEGER NOT NULL,
+        pid INTEGER,
+        pid_start INTEGER,
+        unit TEXT,
+        cgroup TEXT,
+        grp TEXT,
+        role TEXT,
+        stage_index INTEGER,
+        seq INTEGER NOT NULL
+    );
+    CREATE TABLE groups (
+        id TEXT PRIMARY KEY,
+        gang_id TEXT NOT NULL,
+        gang_policy TEXT NOT NULL
+    );
+    CREATE TABLE models (
+        id TEXT PRIMARY KEY,
+        format TEXT NOT NULL,
+        path TEXT NOT NULL,
+        estimated_bytes INTEGER NOT NULL
+    );
+    CREATE TABLE quarantine (
+        plane TEXT PRIMARY KEY,
+        reason TEXT NOT NULL
+    )
+    """,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRecord:
+    """A lease with what only the service needs: process identity, cgroup,
+    composite role."""
+
+    lease: Lease
+    pid_start: int | None
+    cgroup: str | None
+    role: str | None = None
+    stage_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Group:
+    id: str
+    gang_id: str
+    gang_policy: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Model:
+    id: str
+    format: str
+    path: str
+    estimated_bytes: int
+
+
+def _row(record: LeaseRecord) -> tuple[object, ...]:
+    lease = record.lease
+    return (
+        lease.id, lease.plane, lease.memory, lease.priority, lease.state, lease.owner_uid,
+        lease.pid, record.pid_start, lease.unit, record.cgroup, lease.group, record.role,
+        record.stage_index, lease.seq,
+    )
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.db = Database(path, MIGRATIONS)
+
+    def load(self) -> tuple[list[LeaseRecord], list[Group], list[Model], dict[str, str]]:
+        def read(c: sqlite3.Connection) -> tuple[
+            list[LeaseRecord], list[Group], list[Model], dict[str, str]
+        ]:
+            leases = [
+                LeaseRecord(
+                    lease=Lease(
+                        id=r[0], plane=r[1], memory=r[2], priority=r[3], state=r[4],
+                        owner_uid=r[5], pid=r[6], unit=r[8], group=r[10], seq=r[13],
+                    ),
+                    pid_start=r[7], cgroup=r[9], role=r[11], stage_index=r[12],
+                )
+                for r in c.execute("SELECT * FROM leases ORDER BY seq")
+            ]
+            groups = [Group(id=r[0], gang_id=r[1], gang_policy=r[2])
+                      for r in c.execute("SELECT * FROM groups")]
+            models = [Model(id=r[0], format=r[1], path=r[2], estimated_bytes=r[3])
+                      for r in c.execute("SELECT * FROM models ORDER BY id")]
+            quarantine = dict(c.execute("SELECT plane, reason FROM quarantine").fetchall())
+            return leases, groups, models, quarantine
+
+        return self.db.sync(read)
+
+    async def save(
+        self,
+        records: list[LeaseRecord],
+        *,
+        remove: Sequence[str] = (),
+        group: Group | None = None,
+        drop_groups: Sequence[str] = (),
+    ) -> None:
+        """Insert or update leases and remove others, in one transaction."""
+
+        def write(c: sqlite3.Connection) -> None:
+            if group is not None:
+                c.execute("INSERT OR REPLACE INTO groups VALUES (?, ?, ?)",
+                          (group.id, group.gang_id, group.gang_policy))
+            c.executemany(
+                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_row(r) for r in records],
+            )
+            c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
+            c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])
+
+        await self.db.run(write)
+
+    async def set_states(self, states: dict[str, str]) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            c.executemany("UPDATE leases SET state = ? WHERE id = ?",
+                          [(state, lease_id) for lease_id, state in states.items()])
+
+        await self.db.run(write)
+
+    async def put_model(self, model: Model) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            c.execute("INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?)",
+                      (model.id, model.format, model.path, model.estimated_bytes))
+
+        await self.db.run(write)
+
+    async def set_quarantine(self, plane: str, reason: str | None) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            if reason is None:
+                c.execute("DELETE FROM quarantine WHERE plane = ?", (plane,))
+            else:
+                c.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?)", (plane, reason))
+
+        await self.db.run(write)
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,35 @@
+"""Process identity and death: /proc/PID/stat start time and pidfds.
+
+A pid alone is not an identity (pids are reused), so a process is recorded as
+(pid, start time in clock ticks since boot); it is alive when /proc/PID/stat
+still shows that start time.
+"""
+
+import os
+from pathlib import Path
+
+
+def start_time(pid: int, *, proc: Path = Path("/proc")) -> int | None:
+    """Field 22 of /proc/PID/stat, or None when there is no such process."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state), so field 22 is fields[19].
+    return int(fields[19])
+
+
+def alive(pid: int, started: int | None, *, proc: Path = Path("/proc")) -> bool:
+    current = start_time(pid, proc=proc)
+    if current is None:
+        return False
+    return started is None or current == started
+
+
+def pidfd(pid: int) -> int | None:
+    """A pidfd (readable when the process exits), or None if it is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return None
