@@ -9,10 +9,9 @@
     [pressure]                      # avg10 "some" percentages
     memory_elevated = 10.0
     memory_critical = 25.0
-    cpu_elevated = 60.0
-    cpu_critical = 90.0
-    io_elevated = 40.0
-    io_critical = 80.0
+    # cpu_elevated / cpu_critical / io_elevated / io_critical: unset by
+    # default, so only memory pressure refuses leases (a busy CPU is no
+    # reason to refuse memory); set them to let CPU or I/O stalls count.
 
     [devices.drm-renderD128]        # for devices whose memory sysfs does not tell
     name = "Accelerator A"
@@ -26,11 +25,7 @@ from typing import Any
 from syntrop.config import ConfigError, load_toml
 from syntrop.inferenced.topology import DeviceConfig, TopologyConfig
 
-DEFAULT_THRESHOLDS = {
-    "memory": (10.0, 25.0),
-    "cpu": (60.0, 90.0),
-    "io": (40.0, 80.0),
-}
+DEFAULT_THRESHOLDS = {"memory": (10.0, 25.0)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,13 +60,15 @@ def parse(data: dict[str, Any], where: str = "inferenced.toml") -> Config:
     if not isinstance(reserve, int) or reserve < 0:
         raise ConfigError(f"{where}: triage.reserve_bytes must be bytes")
     pressure = data.get("pressure", {})
-    thresholds = {
-        resource: (
-            _number(pressure, f"{resource}_elevated", elevated, where),
-            _number(pressure, f"{resource}_critical", critical, where),
-        )
-        for resource, (elevated, critical) in DEFAULT_THRESHOLDS.items()
-    }
+    thresholds = dict(DEFAULT_THRESHOLDS)
+    for resource in ("memory", "cpu", "io"):
+        keys = (f"{resource}_elevated", f"{resource}_critical")
+        if resource in thresholds or any(key in pressure for key in keys):
+            elevated, critical = thresholds.get(resource, (float("inf"), float("inf")))
+            thresholds[resource] = (
+                _number(pressure, keys[0], elevated, where),
+                _number(pressure, keys[1], critical, where),
+            )
     return Config(
         root=root,
         topology=TopologyConfig(

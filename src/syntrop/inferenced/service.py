@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -85,12 +86,37 @@ class InferenceService(Inference1):
         self.buffers: dict[str, int] = {}  # lease id -> memfd
         self.lock = asyncio.Lock()
         self.freeze_latencies: list[float] = []
+        self.trigger: psi.Trigger | None = None
 
     @classmethod
     async def open(cls, paths: Paths) -> "InferenceService":
         service = cls(paths)
         await service.restore()
+        service.arm_pressure_trigger()
         return service
+
+    def arm_pressure_trigger(self) -> None:
+        """Hear about memory pressure as it starts (a PSI trigger: 100 ms of
+        stall within 2 s), not only when a request reads avg10."""
+        self.trigger = None
+        if self.root != Path("/"):
+            return  # a test tree: its pressure files are plain files
+        try:
+            self.trigger = psi.Trigger(
+                "memory", stall_usec=100_000, window_usec=2_000_000, root=self.root / "proc"
+            )
+        except OSError as error:
+            logger.info("no PSI trigger (%s); pressure is read per request", error)
+            self.trigger = None
+            return
+        asyncio.get_running_loop().add_reader(self.trigger.fileno(), self._pressure_event)
+
+    def _pressure_event(self) -> None:
+        if self.trigger is None or not self.trigger.consume():
+            return
+        level, resource = self._level()
+        logger.warning("%s pressure: level %s; Batch%s refused while it lasts",
+                       resource, level, " and Interactive" if level == "critical" else "")
 
     # state -------------------------------------------------------------------
 
@@ -315,6 +341,8 @@ class InferenceService(Inference1):
         """The worst level over the resources, and the resource causing it."""
         worst, cause = 0, "memory"
         for resource, value in self._readings().items():
+            if resource not in self.config.thresholds:
+                continue
             elevated, critical = self.config.thresholds[resource]
             level = 2 if value >= critical else 1 if value >= elevated else 0
             if level > worst:
@@ -603,6 +631,9 @@ class InferenceService(Inference1):
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.trigger is not None:
+            loop.remove_reader(self.trigger.fileno())
+            self.trigger.close()
         for fd in self.watches.values():
             loop.remove_reader(fd)
             os.close(fd)

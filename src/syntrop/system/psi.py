@@ -62,9 +62,7 @@ def read(resource: str, *, root: Path = Path("/proc")) -> Reading | None:
     """Read one resource's pressure; None where the kernel has no PSI."""
     try:
         return parse((root / "pressure" / resource).read_text())
-    except FileNotFoundError:
-        return None
-    except OSError:
+    except (OSError, PsiFormatError):
         return None
 
 
