@@ -88,6 +88,7 @@ def test_fake_amd_box_and_pressure_levels(tmp_path: Path) -> None:
 
         fakesysfs.write(tree / "proc" / "pressure" / "memory",
                         "some avg10=12.50 avg60=0 avg300=0 total=1\n")
+        time.sleep(0.6)  # inferenced reuses a PSI reading for 0.5 s
         pressure = call(daemon, "GetPressure")
         assert (pressure["level"], pressure["memory_some"]) == ("elevated", 12.5)
         assert error_of(daemon, "AcquireLease", priority="Batch", memory_bytes=1, plane=None,
@@ -98,6 +99,7 @@ def test_fake_amd_box_and_pressure_levels(tmp_path: Path) -> None:
         acquire(daemon, "Interactive", 1, pid=os.getpid())
         fakesysfs.write(tree / "proc" / "pressure" / "memory",
                         "some avg10=40.00 avg60=0 avg300=0 total=1\n")
+        time.sleep(0.6)
         name, _ = error_of(daemon, "AcquireLease", priority="Interactive", memory_bytes=1,
                            plane=None, unit=None, pid=os.getpid())
         assert name == f"{NAME}.PressureTooHigh"

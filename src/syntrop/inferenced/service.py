@@ -57,6 +57,7 @@ LEVELS = ("normal", "elevated", "critical")
 #: Priorities refused at each pressure level.
 REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
 FREEZE_TIMEOUT = 0.25
+PSI_CACHE = 0.5
 MAX_NAME = 256
 
 
@@ -87,6 +88,7 @@ class InferenceService(Inference1):
         self.lock = asyncio.Lock()
         self.freeze_latencies: list[float] = []
         self.trigger: psi.Trigger | None = None
+        self._psi_cache: tuple[float, dict[str, float]] | None = None
 
     @classmethod
     async def open(cls, paths: Paths) -> "InferenceService":
@@ -114,6 +116,7 @@ class InferenceService(Inference1):
     def _pressure_event(self) -> None:
         if self.trigger is None or not self.trigger.consume():
             return
+        self._psi_cache = None
         level, resource = self._level()
         logger.warning("%s pressure: level %s; Batch%s refused while it lasts",
                        resource, level, " and Interactive" if level == "critical" else "")
@@ -331,10 +334,16 @@ class InferenceService(Inference1):
     # pressure ------------------------------------------------------------------
 
     def _readings(self) -> dict[str, float]:
+        """avg10 of each resource. The kernel recomputes avg10 every 2 s, so
+        a reading younger than PSI_CACHE seconds is reused."""
+        now = time.monotonic()
+        if self._psi_cache is not None and now - self._psi_cache[0] < PSI_CACHE:
+            return self._psi_cache[1]
         values = {}
         for resource in psi.RESOURCES:
             reading = psi.read(resource, root=self.root / "proc")
             values[resource] = reading.some.avg10 if reading else 0.0
+        self._psi_cache = (now, values)
         return values
 
     def _level(self) -> tuple[str, str]:
