@@ -32,10 +32,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from syntrop.inferenced.topology import choose, distance, scan  # noqa: E402
-from syntrop.system import cgroup  # noqa: E402
 from tests import fakesysfs  # noqa: E402
 from tests.support import activated  # noqa: E402
+
+from syntrop.inferenced.topology import choose, distance, scan  # noqa: E402
+from syntrop.system import cgroup  # noqa: E402
 
 GiB = 1 << 30
 
@@ -113,7 +114,7 @@ def sqlite_pairs(directory: Path, seconds: float) -> float:
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def freeze_latency(path: Path, samples: int) -> dict[str, Any] | None:
