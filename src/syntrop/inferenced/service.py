@@ -407,6 +407,8 @@ class InferenceService(Inference1):
         if not 0 < memory_bytes <= arb.MAX_LEASE_BYTES:
             raise InvalidParameter(parameter="memory_bytes")
         async with self.lock:
+            if plane is not None and plane not in self.arbiter.planes:
+                self._rescan()  # a device plugged in since the last scan
             target = plane if plane is not None else self._best_plane(priority, memory_bytes)
             (lease,) = await self._grant(
                 [(target, memory_bytes)], priority=priority, unit=unit, pid=pid
