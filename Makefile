@@ -46,7 +46,7 @@ bench: $(STAMP)
 
 # Re-render interfaces/*.varlink from the contracts in src/syntrop/interfaces.
 idl: $(STAMP)
-	$(PY) -c 'import pathlib, syntrop.interfaces as i; [pathlib.Path("interfaces", c.name + ".varlink").write_text(c.render_interface_description()) for c in i.ALL]'
+	$(PY) -c 'import pathlib, syntrop.interfaces.catalog as i; [pathlib.Path("interfaces", c.name + ".varlink").write_text(c.render_interface_description()) for c in i.ALL]'
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

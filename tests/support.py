@@ -57,8 +57,10 @@ def activated(
     *,
     idle_timeout: float = 0,
     extra_env: dict[str, str] | None = None,
+    stderr: int | None = None,
 ) -> Iterator[Activated]:
-    """Run `daemon` (a Daemon or its program name) socket-activated."""
+    """Run `daemon` (a Daemon or its program name) socket-activated; its
+    stderr goes to `stderr` (a file descriptor) when given."""
     if isinstance(daemon, str):
         daemon = next(d for d in DAEMONS if daemon in (d.program, d.interface))
     tool = shutil.which("systemd-socket-activate")
@@ -74,7 +76,9 @@ def activated(
         "-EPYTHONPATH=" + os.environ.get("PYTHONPATH", ""),
         sys.executable, "-m", daemon.module,
     ]
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 10
         while not listening(sock):

@@ -103,10 +103,14 @@ def spawn_activated(
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only execs
         try:
-            os.dup2(sock.fileno(), 3)  # dup2 clears FD_CLOEXEC on fd 3
+            # The log first: it may itself be fd 3, which the socket replaces.
             if log_fd >= 0:
                 os.dup2(log_fd, 2)
                 os.dup2(log_fd, 1)
+            if sock.fileno() == 3:
+                os.set_inheritable(3, True)  # dup2(3, 3) would leave FD_CLOEXEC set
+            else:
+                os.dup2(sock.fileno(), 3)  # dup2 clears FD_CLOEXEC on fd 3
             environment["LISTEN_PID"] = str(os.getpid())
             os.execvpe(argv[0], argv, environment)
         finally:

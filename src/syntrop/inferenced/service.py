@@ -14,11 +14,10 @@ frozen in the books, and the log says why.
 import asyncio
 import logging
 import os
-import secrets
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 from asyncvarlink import FileDescriptor
 
@@ -248,7 +247,7 @@ class InferenceService(Inference1):
         if pid is not None and pid_start is None:
             raise InvalidParameter(parameter="pid")
         self._pressure_gate(priority)
-        ids = [f"lease-{secrets.token_hex(6)}" for _ in requests]
+        ids = [f"lease-{os.urandom(6).hex()}" for _ in requests]
         try:
             grant = self.arbiter.acquire(
                 requests, ids=ids, priority=priority, owner_uid=peer.uid, pid=pid,
@@ -460,7 +459,7 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="slices")
         async with self.lock:
             placed = self._place(slices, priority)
-            group = Group(id=f"gang-{secrets.token_hex(6)}", gang_id=gang_id,
+            group = Group(id=f"gang-{os.urandom(6).hex()}", gang_id=gang_id,
                           gang_policy=gang_policy)
             leases = await self._grant(
                 [(s.plane_id, s.memory_bytes) for s in placed], priority=priority,

@@ -26,6 +26,7 @@ is logged with its traceback and answered with a generic error naming no
 internals.
 """
 
+import array
 import asyncio
 import collections
 import errno
@@ -56,10 +57,17 @@ from syntrop.varlink.peer import Peer, credentials, reset_current, set_current
 logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-_RECV_SIZE = 256 * 1024
+_RECV_SIZE = 64 * 1024
 _MAX_FDS_PER_MESSAGE = 253  # SCM_MAX_FD
 _HIGH_WATER = 4 * MiB
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_DECODER = json.JSONDecoder()
+#: A plain int: `flags & socket.MSG_CTRUNC` would go through IntFlag.__and__.
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
+_ANCBUF = socket.CMSG_SPACE(_MAX_FDS_PER_MESSAGE * 4)
+#: oobstate for a conversion that must not meet a file descriptor: one that
+#: does raises ConversionError, and the caller retries with a real array.
+_NO_FDS: dict[Any, Any] = {}
 INTERNAL_ERROR = "io.syntrop.InternalError"
 
 
@@ -72,6 +80,24 @@ class Limits:
     max_connections_per_uid: int = 1024
     #: Exit after this many seconds with no connection and nothing pending.
     idle_timeout: float | None = None
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def _nothing() -> None:
+    pass
+
+
+class _PlainCall:
+    """A call with no flags and no extensions, as the fast path sees it."""
+
+    __slots__ = ("method", "parameters")
+    oneway = more = upgrade = False
+
+    def __init__(self, method: str, parameters: dict[str, Any]) -> None:
+        self.method = method
+        self.parameters = parameters
 
 
 class _Connection:
@@ -112,16 +138,20 @@ class _Connection:
 
     def _on_readable(self) -> None:
         try:
-            data, fds, flags, _ = socket.recv_fds(self.sock, _RECV_SIZE, _MAX_FDS_PER_MESSAGE)
+            data, ancdata, flags, _ = self.sock.recvmsg(_RECV_SIZE, _ANCBUF)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as error:
             logger.debug("connection from pid %d: read failed: %s", self.peer.pid, error)
             self.close()
             return
-        if fds:
-            self.infds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if ancdata:
+            for level, kind, cdata in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(cdata[: len(cdata) - (len(cdata) % fds.itemsize)])
+                    self.infds.extend(fds)
+        if flags & _MSG_CTRUNC:
             logger.debug("connection from pid %d: too many fds, closing", self.peer.pid)
             self.close()
             return
@@ -161,7 +191,7 @@ class _Connection:
             if end > limit:
                 self.close()
                 return
-            message = bytes(self.inbuf[:end])
+            message = self.inbuf[:end]
             del self.inbuf[: end + 1]
             fds, self.infds = self.infds, []
             self._dispatch(message, fds)
@@ -172,24 +202,55 @@ class _Connection:
 
     # calls -----------------------------------------------------------------
 
-    def _dispatch(self, message: bytes, fds: list[int]) -> None:
+    def _dispatch(self, message: bytes | bytearray, fds: list[int]) -> None:
         try:
-            call = VarlinkMethodCall.fromjson(json.loads(message))
+            text = message.decode()
+            try:
+                # raw_decode skips json.loads' two whitespace regex matches;
+                # anything it does not take whole goes to json.loads.
+                obj, index = _DECODER.raw_decode(text)
+            except ValueError:
+                index = -1
+            if index != len(text):
+                obj = json.loads(text)
+            # Fast path: a plain call ({"method", "parameters"} only, no
+            # oneway/more/upgrade/extensions) of a method looked up before.
+            # Anything else goes through asyncvarlink's full validation.
+            found = None
+            if type(obj) is dict and 0 < len(obj) <= 2:
+                found = self.server.methods.get(obj.get("method"))  # type: ignore[arg-type]
+                parameters = obj.get("parameters", _EMPTY)
+                if found is not None and (
+                    type(parameters) is not dict or len(obj) != (2 if "parameters" in obj else 1)
+                ):
+                    found = None
+            call: VarlinkMethodCall | _PlainCall
+            if found is None:
+                call = VarlinkMethodCall.fromjson(obj)
+            else:
+                call = _PlainCall(obj["method"], parameters)
         except (ValueError, TypeError, RecursionError):
             for fd in fds:
                 os.close(fd)
             logger.info("connection from pid %d: not a Varlink call, closing", self.peer.pid)
             self.close()
             return
-        sentinel = object()
-        fdarray = FileDescriptorArray(sentinel, fds) if fds else None
+        if fds:
+            sentinel = object()
+            fdarray: FileDescriptorArray | None = FileDescriptorArray(sentinel, fds)
 
-        def release() -> None:
-            if fdarray is not None:
-                fdarray.release(sentinel)
+            def release() -> None:
+                fdarray.release(sentinel)  # type: ignore[union-attr]
+        else:
+            fdarray = None
+            release = _nothing
 
         try:
-            method, signature = self.server.registry.lookup_method(call)
+            if found is None:
+                assert isinstance(call, VarlinkMethodCall)
+                method, signature = self.server.lookup_method(call)
+            else:
+                method, signature = found
             if call.upgrade:
                 raise InvalidParameter(parameter="upgrade")
             try:
@@ -221,12 +282,14 @@ class _Connection:
                     if not call.oneway:
                         self._send_result(signature, result)
                 finally:
-                    release()
+                    if fdarray is not None:
+                        release()
                 return
             # The task copies the context now, peer included.
             self.current_more = signature.more
             self.task = self.loop.create_task(self._run(call, method, signature, params))
-            self.task.add_done_callback(lambda _: release())
+            if fdarray is not None:
+                self.task.add_done_callback(lambda _: release())
             self.task.add_done_callback(self._call_done)
             self.server.tasks.add(self.task)
         finally:
@@ -234,7 +297,7 @@ class _Connection:
 
     async def _run(
         self,
-        call: VarlinkMethodCall,
+        call: "VarlinkMethodCall | _PlainCall",
         method: Callable[..., Any],
         signature: VarlinkMethodSignature,
         params: dict[str, Any],
@@ -281,6 +344,10 @@ class _Connection:
             if not isinstance(exception, ConnectionError):
                 logger.error("call task failed", exc_info=exception)
         if self.closed:
+            # Closed while the call ran (the client left, a write failed):
+            # close() saw the task still pending and could not arm the idle
+            # exit, so do it now that the task is gone.
+            self.server.check_idle()
             return
         self._process()
         if self.task is None:
@@ -291,23 +358,34 @@ class _Connection:
 
     def _send_result(self, signature: VarlinkMethodSignature, result: Any) -> None:
         assert isinstance(result, AnnotatedResult)
-        sentinel = object()
-        fdarray = FileDescriptorArray(sentinel)
+        fds: list[int] = []
+        done: Callable[[], None] | None = None
         try:
-            parameters = signature.return_type.tojson(
-                result.parameters, {FileDescriptorVarlinkType: fdarray}
-            )
+            # Most replies carry no descriptor: convert without an array first.
+            parameters = signature.return_type.tojson(result.parameters, _NO_FDS)
         except ConversionError:
-            fdarray.release(sentinel)
-            logger.exception("reply does not match its declared type")
-            self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
-            return
+            sentinel = object()
+            fdarray = FileDescriptorArray(sentinel)
+            try:
+                parameters = signature.return_type.tojson(
+                    result.parameters, {FileDescriptorVarlinkType: fdarray}
+                )
+            except ConversionError:
+                fdarray.release(sentinel)
+                logger.exception("reply does not match its declared type")
+                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+                return
+            fds = [fd.fileno() for fd in fdarray]
+
+            def done() -> None:
+                fdarray.release(sentinel)
+
         reply: dict[str, Any] = {"parameters": parameters}
         if result.continues:
             reply["continues"] = True
         if result.extensions:
             reply.update(result.extensions)
-        self._write(reply, [fd.fileno() for fd in fdarray], lambda: fdarray.release(sentinel))
+        self._write(reply, fds, done)
 
     def _send_error(self, error: VarlinkErrorReply) -> None:
         try:
@@ -325,10 +403,7 @@ class _Connection:
         data = memoryview(_ENCODER.encode(obj).encode() + b"\0")
         if not self.outq:
             try:
-                if fds:
-                    sent = socket.send_fds(self.sock, [data], fds)
-                else:
-                    sent = self.sock.send(data)
+                sent = socket.send_fds(self.sock, [data], fds) if fds else self.sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as error:
@@ -424,6 +499,9 @@ class Server:
         )
         for interface in interfaces:
             self.registry.register_interface(interface)
+        #: method string -> (callable, signature), filled by lookup_method for
+        #: plain (non-"more") methods; the fast path of _dispatch reads it.
+        self.methods: dict[str, tuple[Callable[..., Any], VarlinkMethodSignature]] = {}
         self.connections: set[_Connection] = set()
         self.per_uid: collections.Counter[int] = collections.Counter()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -432,6 +510,16 @@ class Server:
         self.keep_alive = keep_alive
         self._idle_handle: asyncio.TimerHandle | None = None
         self._accept_paused = False
+
+    def lookup_method(
+        self, call: VarlinkMethodCall
+    ) -> tuple[Callable[..., Any], VarlinkMethodSignature]:
+        """The registry's lookup (raising its Varlink errors), remembered for
+        methods a plain call may reach without "more"."""
+        method, signature = self.registry.lookup_method(call)
+        if not signature.more and len(self.methods) < 4096:
+            self.methods[call.method] = (method, signature)
+        return method, signature
 
     # sockets ---------------------------------------------------------------
 

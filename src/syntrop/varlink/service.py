@@ -10,13 +10,20 @@ from asyncvarlink.serviceinterface import InterfaceNotFound, VarlinkServiceInter
 
 
 class ServiceInterface(VarlinkServiceInterface):
+    _descriptions: dict[str, str]
+
     @varlinkmethod(return_parameter="description")
     def GetInterfaceDescription(self, *, interface: str) -> str:
         """Get the description of an interface that is implemented by this
         service.
         """
-        try:
-            found = self._registry[interface]
-        except KeyError:
-            raise InterfaceNotFound(interface=interface) from None
-        return found.render_interface_description(comments=self._comments)
+        # Rendering takes milliseconds and the answer never changes while the
+        # daemon runs: render each interface once.
+        cache: dict[str, str] = self.__dict__.setdefault("_descriptions", {})
+        if interface not in cache:
+            try:
+                found = self._registry[interface]
+            except KeyError:
+                raise InterfaceNotFound(interface=interface) from None
+            cache[interface] = found.render_interface_description(comments=self._comments)
+        return cache[interface]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from asyncvarlink.serviceinterface import MethodNotImplemented
 
-from syntrop.interfaces import ALL
+from syntrop.interfaces.catalog import ALL
 from syntrop.varlink.contract import Interface
 from tests.unit.varlink.idlshape import members
 
