@@ -20,6 +20,9 @@ class ToolParameter:
         description: What it means.
         required: Whether it must be given.
         pattern: Regular expression a string value must match, if any.
+        choices: The values a string may take, if limited.
+        minimum: The smallest int accepted, if limited.
+        maximum: The largest int accepted, if limited.
     """
 
     name: str
@@ -27,6 +30,9 @@ class ToolParameter:
     description: str
     required: bool
     pattern: str | None
+    choices: list[str] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +45,9 @@ class ToolInfo:
         risk: safe, remediation or maintenance.
         reversible: Whether it snapshots and can roll back.
         parameters: Its parameters.
+        sandbox: The sandbox layers its tool processes run under; empty when
+            it starts none (it only calls systemd over D-Bus).
+        rollback: How it is undone, in words.
     """
 
     name: str
@@ -46,6 +55,8 @@ class ToolInfo:
     risk: str
     reversible: bool
     parameters: list[ToolParameter]
+    sandbox: list[str] | None = None
+    rollback: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,8 +73,16 @@ class AuditRecord:
         dry_run: Whether it was a dry run.
         decision: allowed, refused or rate_limited.
         sandbox: Sandbox layers applied (bubblewrap, landlock, seccomp).
-        outcome: succeeded, failed, rolled_back or not_run.
+        outcome: succeeded, failed, rolled_back or not_run for a finished
+            action; interrupted when toold stopped before it finished.
         message: What happened, in words.
+        unit: The unit acted on, when the tool takes one.
+        error: The declared error a refused request got, when it got one.
+        rolled_back: Whether an automatic rollback happened.
+        finished_usec: When the action finished; null while it runs or when
+            it was interrupted.
+        details: Tool-specific facts: job results, unit states before and
+            after, the snapshot taken, files changed, bytes removed.
     """
 
     id: int
@@ -77,6 +96,11 @@ class AuditRecord:
     sandbox: list[str]
     outcome: str
     message: str
+    unit: str | None = None
+    error: str | None = None
+    rolled_back: bool | None = None
+    finished_usec: int | None = None
+    details: Any = None
 
 
 class ExecuteResult(TypedDict):
@@ -86,6 +110,11 @@ class ExecuteResult(TypedDict):
     rolled_back: bool
     sandbox: list[str]
     message: str
+    unit: str | None
+    job_result: str | None
+    active_state: str | None
+    previous_active_state: str | None
+    details: Any
 
 
 class ToolNotFound(TypedVarlinkErrorReply, interface=NAME):
@@ -164,6 +193,57 @@ class UnitBusy(TypedVarlinkErrorReply, interface=NAME):
         unit: str
 
 
+class UnitNotFound(TypedVarlinkErrorReply, interface=NAME):
+    """systemd does not know the unit (its LoadState is not-found). Nothing
+    was run.
+
+    Parameters:
+        unit: The unit.
+    """
+
+    class Parameters:
+        unit: str
+
+
+class UnsafePath(TypedVarlinkErrorReply, interface=NAME):
+    """A path the tool would write is a symlink, not a directory, or
+    otherwise unsafe to touch. Nothing was changed.
+
+    Parameters:
+        path: The path.
+        reason: What is wrong with it.
+    """
+
+    class Parameters:
+        path: str
+        reason: str
+
+
+class NoPreviousVersion(TypedVarlinkErrorReply, interface=NAME):
+    """Neither contextd's history nor toold's own snapshots know a version of
+    the unit's drop-ins other than the current one. Nothing was changed.
+
+    Parameters:
+        unit: The unit.
+        reason: What was looked at.
+    """
+
+    class Parameters:
+        unit: str
+        reason: str
+
+
+class SystemdUnavailable(TypedVarlinkErrorReply, interface=NAME):
+    """systemd cannot be reached over D-Bus. Nothing was run.
+
+    Parameters:
+        reason: Why.
+    """
+
+    class Parameters:
+        reason: str
+
+
 class Tool1(Interface, name=NAME):
     """A few typed, allowlisted, sandboxed, reversible remediation actions."""
 
@@ -174,6 +254,10 @@ class Tool1(Interface, name=NAME):
         RateLimited,
         SandboxUnavailable,
         UnitBusy,
+        UnitNotFound,
+        UnsafePath,
+        NoPreviousVersion,
+        SystemdUnavailable,
     )
 
     @method(return_parameter="tools")
@@ -188,7 +272,10 @@ class Tool1(Interface, name=NAME):
     def Execute(
         self, *, tool: str, parameters: Any, dry_run: bool | None = None
     ) -> ExecuteResult:
-        """Run a tool. Allowed to root and the configured sentry identity.
+        """Run a tool. Allowed to root and the configured sentry identity
+        (others get org.varlink.service.PermissionDenied). Every request,
+        refused or not, is audited. A malformed parameter object answers
+        InvalidArgument naming the parameter.
 
         Parameters:
             tool: The tool's name.
@@ -200,13 +287,23 @@ class Tool1(Interface, name=NAME):
             plan: The steps, in order (what would be done, for a dry run).
             outcome: succeeded, failed, rolled_back or not_run.
             rolled_back: Whether an automatic rollback happened.
-            sandbox: Sandbox layers applied.
+            sandbox: Sandbox layers applied to the tool processes of this
+                action (empty when the tool starts none: daemon_reload and
+                unit_restart are one D-Bus call each).
             message: What happened, in words.
+            unit: The unit acted on, when the tool takes one.
+            job_result: The systemd job's result (done, failed, canceled,
+                timeout, dependency, skipped, or timeout_waiting), when a job
+                was queued.
+            active_state: The unit's ActiveState at the end.
+            previous_active_state: Its ActiveState before the action.
+            details: Tool-specific facts, as in the audit record.
         """
 
     @method(return_parameter="records", allow_foreign=True)
     def GetAudit(self, *, limit: int | None = None, unit: str | None = None) -> list[AuditRecord]:
-        """Read the audit log, newest last.
+        """Read the audit log, newest last. Allowed to root and the sentry
+        identity.
 
         Parameters:
             limit: At most this many records.

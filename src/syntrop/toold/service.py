@@ -1,15 +1,250 @@
 """The Varlink face of toold: io.syntrop.Tool1.
 
-Methods not implemented here answer org.varlink.service.MethodNotImplemented
-(inherited from the contract) until their issue lands.
+Execute, in order: who is calling (root or the sentry uid, else
+PermissionDenied) → which tool → its parameters (schema) → the unit's name
+and the allow/deny patterns → the per-unit lock (busy: UnitBusy, never
+queued) → rate limits (not for dry runs) → the tool's prepare (existence,
+path safety, sandbox layers, previous version) → audit "allowed" → dry run:
+the plan; else execute → audit the outcome. Every refusal is audited with
+the declared error it got, and nothing is changed before the "allowed" row
+is on disk.
 """
 
+import asyncio
+import logging
+from typing import Any
+
 from syntrop.config import Paths
-from syntrop.interfaces.tool import Tool1
+from syntrop.interfaces.tool import (
+    AuditRecord,
+    ExecuteResult,
+    InvalidArgument,
+    NoPreviousVersion,
+    RateLimited,
+    SandboxUnavailable,
+    SystemdUnavailable,
+    Tool1,
+    ToolInfo,
+    ToolNotFound,
+    ToolParameter,
+    UnitBusy,
+    UnitNotAllowed,
+    UnitNotFound,
+    UnsafePath,
+)
+from syntrop.toold import errors, units
+from syntrop.toold.audit import Audit
+from syntrop.toold.config import Config, load
+from syntrop.toold.context import Context, now_usec
+from syntrop.toold.tools import TOOL_TYPES, Outcome, Tool
+from syntrop.varlink import InvalidParameter, PermissionDenied, current_peer, implements
+
+logger = logging.getLogger(__name__)
+
+MAX_AUDIT = 10_000
+
+
+def _wire(error: errors.ToolError) -> Exception:
+    """The declared Varlink error for a domain error."""
+    f: dict[str, Any] = error.fields
+    match error:
+        case errors.UnknownTool():
+            return ToolNotFound(tool=f["tool"])
+        case errors.BadArgument():
+            return InvalidArgument(tool=f["tool"], parameter=f["parameter"], reason=f["reason"])
+        case errors.NotAllowed():
+            return UnitNotAllowed(unit=f["unit"])
+        case errors.NotFound():
+            return UnitNotFound(unit=f["unit"])
+        case errors.Busy():
+            return UnitBusy(unit=f["unit"])
+        case errors.Limited():
+            return RateLimited(unit=f["unit"], retry_after_usec=f["retry_after_usec"])
+        case errors.NoSandbox():
+            return SandboxUnavailable(layer=f["layer"], reason=f["reason"])
+        case errors.Unsafe():
+            return UnsafePath(path=f["path"], reason=f["reason"])
+        case errors.NoPrevious():
+            return NoPreviousVersion(unit=f["unit"], reason=f["reason"])
+        case errors.NoSystemd():
+            return SystemdUnavailable(reason=f["reason"])
+        case errors.Denied():
+            return PermissionDenied()
+    raise AssertionError(f"unmapped domain error {error!r}")  # pragma: no cover
+
+
+def info(tool: Tool) -> ToolInfo:
+    return ToolInfo(
+        name=tool.name, description=tool.description, risk=tool.risk,
+        reversible=tool.reversible, rollback=tool.rollback,
+        sandbox=["bubblewrap", "landlock", "seccomp"] if tool.sandboxed else [],
+        parameters=[
+            ToolParameter(name=p.name, type=p.type.__name__, description=p.description,
+                          required=p.required, pattern=p.pattern,
+                          choices=list(p.choices) if p.choices else None,
+                          minimum=p.minimum, maximum=p.maximum)
+            for p in tool.parameters
+        ],
+    )
 
 
 class ToolService(Tool1):
     """Runs typed, sandboxed, reversible remediation actions."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, config: Config | None = None) -> None:
         self.paths = paths
+        self.config = config or load(paths.configuration / "toold.toml")
+        if self.config.context_socket is None:
+            from dataclasses import replace
+
+            self.config = replace(self.config,
+                                  context_socket=paths.runtime / "io.syntrop.Context1")
+        self.audit = Audit(paths.state / "toold.db")
+        self.context = Context(self.config, self.audit)
+        self.tools: dict[str, Tool] = {name: kind() for name, kind in TOOL_TYPES.items()}
+        self.busy: set[str] = set()
+        self.running = 0
+
+    def keep_alive(self) -> bool:
+        return self.running > 0
+
+    async def aclose(self) -> None:
+        self.context.close()
+        self.audit.close()
+
+    # helpers -----------------------------------------------------------------
+
+    def _authorized(self, uid: int) -> bool:
+        import os
+
+        return uid in (0, os.geteuid()) or (self.config.sentry_uid is not None
+                                              and uid == self.config.sentry_uid)
+
+    async def _refuse(self, error: errors.ToolError, *, tool: str, unit: str | None,
+                      parameters: Any, dry_run: bool, decision: str = "refused") -> Exception:
+        peer = current_peer()
+        now = now_usec()
+        action = await self.audit.request(now_usec=now, uid=peer.uid, pid=peer.pid, tool=tool,
+                                          unit=unit, parameters=parameters, dry_run=dry_run,
+                                          decision=decision, error=error.error)
+        await self.audit.outcome(action, now_usec=now, sandbox=[], outcome="not_run",
+                                 message=str(error))
+        return _wire(error)
+
+    async def _rate_check(self, unit: str | None) -> None:
+        rate = self.config.rate
+        now = now_usec()
+        checks: list[tuple[str, str | None, int, float]] = [
+            ("", None, rate.total, rate.total_window)]
+        if unit is not None:
+            checks.insert(0, (unit, unit, rate.per_unit, rate.per_unit_window))
+        for label, key, limit, window in checks:
+            recent = await self.audit.recent(key, now - int(window * 1e6))
+            if len(recent) >= limit:
+                retry = recent[-limit] + int(window * 1e6) - now
+                raise errors.Limited(f"rate limit on {label or 'all units'}",
+                                     unit=label, retry_after_usec=max(retry, 1))
+
+    # methods -----------------------------------------------------------------
+
+    @implements
+    def ListTools(self) -> list[ToolInfo]:
+        return [info(tool) for tool in self.tools.values()]
+
+    @implements
+    async def Execute(self, *, tool: str, parameters: Any,
+                      dry_run: bool | None = None) -> ExecuteResult:
+        dry = bool(dry_run)
+        unit = parameters.get("unit") if isinstance(parameters, dict) else None
+        unit = unit if isinstance(unit, str) and units.syntax_error(unit) is None else None
+        if not isinstance(tool, str) or len(tool) > 128:
+            raise InvalidParameter(parameter="tool")
+        if not self._authorized(current_peer().uid):
+            raise await self._refuse(errors.Denied("not root or the sentry uid"), tool=tool,
+                                     unit=unit, parameters=parameters, dry_run=dry,
+                                     decision="denied")
+        key = None
+        try:
+            found = self.tools.get(tool)
+            if found is None:
+                raise errors.UnknownTool(f"no tool {tool!r}", tool=tool)
+            args = found.validate(parameters)
+            unit = args.get("unit")
+            if unit is not None and not units.allowed(unit, self.config.allow, self.config.deny):
+                raise errors.NotAllowed(f"{unit} is not allowed", unit=unit)
+            key = unit or f"*{tool}"
+            if key in self.busy:
+                key, busy = None, key
+                raise errors.Busy(f"an action on {busy} is running", unit=busy)
+            self.busy.add(key)
+            if not dry:
+                await self._rate_check(unit)
+            plan = await found.prepare(args, self.context)
+        except errors.ToolError as error:
+            if key is not None:
+                self.busy.discard(key)
+            decision = "rate_limited" if isinstance(error, errors.Limited) else \
+                "busy" if isinstance(error, errors.Busy) else "refused"
+            raise await self._refuse(error, tool=tool, unit=unit, parameters=parameters,
+                                     dry_run=dry, decision=decision) from None
+        try:
+            return await self._run(found, plan, parameters, dry)
+        finally:
+            self.busy.discard(key)
+
+    async def _run(self, tool: Tool, plan: Any, parameters: Any, dry: bool) -> ExecuteResult:
+        peer = current_peer()
+        action = await self.audit.request(now_usec=now_usec(), uid=peer.uid, pid=peer.pid,
+                                          tool=tool.name, unit=plan.unit,
+                                          parameters=parameters, dry_run=dry,
+                                          decision="allowed")
+        if dry:
+            outcome = Outcome(outcome="not_run", message="dry run: nothing was done",
+                              details={"plan": plan.steps})
+        else:
+            self.running += 1
+            self.context.action_id = action
+            try:
+                outcome = await tool.execute(plan, self.context)
+            except BaseException as error:
+                message = "cancelled" if isinstance(error, asyncio.CancelledError) \
+                    else "internal error"
+                await asyncio.shield(self.audit.outcome(
+                    action, now_usec=now_usec(), sandbox=[], outcome="failed", message=message))
+                raise
+            finally:
+                self.running -= 1
+        await self.audit.outcome(action, now_usec=now_usec(), sandbox=outcome.sandbox,
+                                 outcome=outcome.outcome, message=outcome.message,
+                                 rolled_back=outcome.rolled_back,
+                                 details={**outcome.details, "job_result": outcome.job_result,
+                                          "active_state": outcome.active_state})
+        logger.info("action %d: %s %s: %s", action, tool.name, plan.unit or "",
+                    outcome.message)
+        return ExecuteResult(
+            action_id=action, plan=plan.steps, outcome=outcome.outcome,
+            rolled_back=outcome.rolled_back, sandbox=outcome.sandbox, message=outcome.message,
+            unit=plan.unit, job_result=outcome.job_result, active_state=outcome.active_state,
+            previous_active_state=outcome.previous_active_state, details=outcome.details or None,
+        )
+
+    @implements
+    async def GetAudit(self, *, limit: int | None = None,
+                       unit: str | None = None) -> list[AuditRecord]:
+        if not self._authorized(current_peer().uid):
+            raise PermissionDenied()
+        if limit is not None and not 0 < limit <= MAX_AUDIT:
+            raise InvalidParameter(parameter="limit")
+        if unit is not None and len(unit) > units.MAX:
+            raise InvalidParameter(parameter="unit")
+        rows = await self.audit.rows(limit=limit or 100, unit=unit)
+        return [
+            AuditRecord(
+                id=r.id, timestamp_usec=r.timestamp_usec, uid=r.uid, pid=r.pid, tool=r.tool,
+                parameters=r.parameters, dry_run=r.dry_run, decision=r.decision,
+                sandbox=r.sandbox, outcome=r.outcome, message=r.message, unit=r.unit,
+                error=r.error, rolled_back=r.rolled_back, finished_usec=r.finished_usec,
+                details=r.details,
+            )
+            for r in rows
+        ]

@@ -1,0 +1,152 @@
+"""toold.toml, validated into a record. Every host path toold touches is here.
+
+    unit_dirs = ["/etc/systemd/system", "/run/systemd/system"]
+                                    # where drop-ins live: persistent, runtime
+    cache_root = "/var/cache"       # where a unit's CacheDirectory= lives
+    allow = ["*.service"]           # unit name patterns (fnmatch) toold may act on
+    deny = [...]                    # never these (default: PID 1's critical units
+                                    # and syntrop's own); replaces the default
+    sentry_uid = 0                  # or sentry_user = "syntrop-sentry": may Execute
+    dbus_address = "unix:path=/run/dbus/system_bus_socket"  # default: the system bus
+    context_socket = "/run/syntrop/io.syntrop.Context1"     # contextd, for history
+
+    [rate]                          # actions (not dry runs) per sliding window
+    per_unit = 3
+    per_unit_window_sec = 60
+    global = 20
+    global_window_sec = 60
+
+    [sandbox]
+    bwrap = "/usr/bin/bwrap"
+    python = "/opt/syntrop/bin/python"  # the tool process's interpreter (default: toold's)
+    allow_weaker = false            # run with the layers available instead of refusing
+    timeout_sec = 30
+
+    [timeouts]
+    job_sec = 60                    # wait this long for a job's JobRemoved
+    health_window_sec = 3           # watch a unit this long after a revert
+"""
+
+import pwd
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from syntrop.config import ConfigError, load_toml
+
+#: Units toold never acts on unless `deny` is configured otherwise: PID 1's
+#: own critical units, the bus, the journal, login, udev, and syntrop itself.
+DEFAULT_DENY = (
+    "init.scope", "-.mount", "-.slice", "*.slice", "*.scope",
+    "dbus.service", "dbus.socket", "dbus-broker.service",
+    "systemd-journald*", "systemd-logind.service", "systemd-udevd*",
+    "systemd-networkd*", "systemd-resolved.service", "systemd-timesyncd.service",
+    "getty@*", "serial-getty@*", "console-getty.service", "sshd.service", "ssh.service",
+    "toold.*", "inferenced.*", "modeld.*", "contextd.*", "runtimed.*",
+    "sentry.*", "systemd-sentry.*", "routerd.*", "syntrop-*",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimit:
+    per_unit: int = 3
+    per_unit_window: float = 60.0
+    total: int = 20
+    total_window: float = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    unit_dirs: tuple[Path, ...] = (Path("/etc/systemd/system"), Path("/run/systemd/system"))
+    cache_root: Path = Path("/var/cache")
+    allow: tuple[str, ...] = ("*.service",)
+    deny: tuple[str, ...] = DEFAULT_DENY
+    sentry_uid: int | None = None
+    dbus_address: str | None = None
+    context_socket: Path | None = None
+    rate: RateLimit = field(default_factory=RateLimit)
+    bwrap: str = "/usr/bin/bwrap"
+    python: str | None = None
+    allow_weaker: bool = False
+    sandbox_timeout: float = 30.0
+    job_timeout: float = 60.0
+    health_window: float = 3.0
+
+
+def _patterns(data: dict[str, Any], key: str, default: tuple[str, ...], where: str
+              ) -> tuple[str, ...]:
+    value = data.get(key, list(default))
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of unit name patterns")
+    return tuple(value)
+
+
+def _number(table: dict[str, Any], key: str, default: float, where: str, *,
+            minimum: float = 0) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ConfigError(f"{where}: {key} must be a number >= {minimum:g}")
+    return float(value)
+
+
+def _path(value: object, key: str, where: str) -> Path:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(f"{where}: {key} must be an absolute path")
+    return Path(value)
+
+
+def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
+    dirs = data.get("unit_dirs", ["/etc/systemd/system", "/run/systemd/system"])
+    if not isinstance(dirs, list) or not dirs:
+        raise ConfigError(f"{where}: unit_dirs must be a non-empty list of paths")
+    sentry_uid = data.get("sentry_uid")
+    if "sentry_user" in data:
+        try:
+            sentry_uid = pwd.getpwnam(str(data["sentry_user"])).pw_uid
+        except KeyError:
+            sentry_uid = None  # the user does not exist (yet): nobody but root
+    if sentry_uid is not None and (isinstance(sentry_uid, bool) or not isinstance(sentry_uid, int)
+                                   or sentry_uid < 0):
+        raise ConfigError(f"{where}: sentry_uid must be a uid")
+    rate = data.get("rate", {})
+    sandbox = data.get("sandbox", {})
+    timeouts = data.get("timeouts", {})
+    for name, table in (("rate", rate), ("sandbox", sandbox), ("timeouts", timeouts)):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [{name}] must be a table")
+    bwrap = sandbox.get("bwrap", "/usr/bin/bwrap")
+    python = sandbox.get("python")
+    allow_weaker = sandbox.get("allow_weaker", False)
+    if not isinstance(bwrap, str) or (python is not None and not isinstance(python, str)):
+        raise ConfigError(f"{where}: sandbox.bwrap and sandbox.python must be paths")
+    if not isinstance(allow_weaker, bool):
+        raise ConfigError(f"{where}: sandbox.allow_weaker must be true or false")
+    address = data.get("dbus_address")
+    if address is not None and not isinstance(address, str):
+        raise ConfigError(f"{where}: dbus_address must be a D-Bus address")
+    context = data.get("context_socket")
+    return Config(
+        unit_dirs=tuple(_path(d, "unit_dirs", where) for d in dirs),
+        cache_root=_path(data.get("cache_root", "/var/cache"), "cache_root", where),
+        allow=_patterns(data, "allow", ("*.service",), where),
+        deny=_patterns(data, "deny", DEFAULT_DENY, where),
+        sentry_uid=sentry_uid,
+        dbus_address=address,
+        context_socket=None if context is None else _path(context, "context_socket", where),
+        rate=RateLimit(
+            per_unit=int(_number(rate, "per_unit", 3, where, minimum=1)),
+            per_unit_window=_number(rate, "per_unit_window_sec", 60, where),
+            total=int(_number(rate, "global", 20, where, minimum=1)),
+            total_window=_number(rate, "global_window_sec", 60, where),
+        ),
+        bwrap=bwrap,
+        python=python,
+        allow_weaker=allow_weaker,
+        sandbox_timeout=_number(sandbox, "timeout_sec", 30, where, minimum=1),
+        job_timeout=_number(timeouts, "job_sec", 60, where, minimum=0.1),
+        health_window=_number(timeouts, "health_window_sec", 3, where),
+    )
+
+
+def load(path: Path) -> Config:
+    return parse(load_toml(path), str(path))

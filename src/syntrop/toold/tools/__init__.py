@@ -1,0 +1,13 @@
+"""The tools, one module each, keyed by their class-level `name`."""
+
+from syntrop.toold.tools.base import Outcome, Param, Plan, Tool
+from syntrop.toold.tools.clear_cache import ClearCache
+from syntrop.toold.tools.daemon_reload import DaemonReload
+from syntrop.toold.tools.revert_dropin import RevertDropin
+from syntrop.toold.tools.unit_restart import UnitRestart
+
+TOOL_TYPES: dict[str, type[Tool]] = {
+    tool.name: tool for tool in (DaemonReload, UnitRestart, RevertDropin, ClearCache)
+}
+
+__all__ = ["TOOL_TYPES", "Outcome", "Param", "Plan", "Tool"]

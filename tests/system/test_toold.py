@@ -1,0 +1,267 @@
+"""toold under a real systemd: the installed, sandboxed toold.service acts on
+real units of the instance over real D-Bus (Reload, RestartUnit, JobRemoved),
+reads contextd's real history, and writes drop-ins through its bubblewrap +
+Landlock + seccomp tool process.
+
+The acceptance of toold's issue: a unit broken by a bad drop-in is repaired
+by revert_dropin and is active afterwards; a revert that makes things worse
+is rolled back automatically; unit_restart of a failed unit reports the job
+result; an unauthorized uid is refused."""
+
+import concurrent.futures
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import varlink
+
+from tests.system.instance import Instance, wait_until
+
+NAME = "io.syntrop.Tool1"
+CONTEXT = "io.syntrop.Context1"
+UNIT = "toolprobe.service"
+ONESHOT = "toolprobe-oneshot.service"
+CACHED = "toolprobe-cache.service"
+DROPINS = f"/etc/systemd/system/{UNIT}.d"
+CONFIG = """\
+[timeouts]
+health_window_sec = 2
+job_sec = 20
+
+[rate]
+per_unit = 50
+global = 200
+"""
+SERVICE = ("[Unit]\nDescription=toold probe\n[Service]\nType=exec\n"
+           "ExecStart=/bin/sleep infinity\n")
+BAD = "[Service]\nExecStart=\nExecStart=/bin/sh -c 'echo broken by a drop-in >&2; exit 3'\n"
+GOOD = "[Service]\nEnvironment=SYNTROP_PROBE=fine\n"
+
+
+def call(instance: Instance, method: str, interface: str = NAME, **params: Any) -> Any:
+    address = f"unix:{instance.host_path(f'/run/syntrop/{interface}')}"
+    with varlink.Client(address=address) as client, client.open(interface) as proxy:
+        return getattr(proxy, method)(**params)
+
+
+def execute(instance: Instance, tool: str, **parameters: Any) -> Any:
+    return call(instance, "Execute", tool=tool, parameters=parameters, dry_run=False)
+
+
+def error_of(instance: Instance, tool: str, **parameters: Any) -> tuple[str, dict[str, Any]]:
+    with pytest.raises(varlink.VarlinkError) as caught:
+        execute(instance, tool, **parameters)
+    return caught.value.error(), caught.value.parameters()
+
+
+@pytest.fixture(autouse=True)
+def _socket_timeout() -> Iterator[None]:
+    """A daemon that never answers fails the test instead of hanging it."""
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(60)
+    yield
+    socket.setdefaulttimeout(previous)
+
+
+@pytest.fixture(scope="module")
+def toold(instance: Instance) -> Iterator[Instance]:
+    """toold configured for tests (short health window), contextd up."""
+    instance.write("/etc/syntrop/toold.toml", CONFIG)
+    instance.systemctl("stop", "toold.service", check=False)
+    call(instance, "GetStatus", interface=CONTEXT)  # contextd watching before any edit
+    yield instance
+    instance.run(["rm", "-f", "/etc/syntrop/toold.toml"], check=False)
+    instance.systemctl("stop", "toold.service", check=False)
+
+
+@pytest.fixture
+def probe(toold: Instance) -> Iterator[Instance]:
+    toold.write(f"/etc/systemd/system/{UNIT}", SERVICE)
+    toold.systemctl("daemon-reload")
+    toold.systemctl("start", UNIT)
+    toold.wait_for_unit(UNIT, ActiveState="active")
+    try:
+        yield toold
+    finally:
+        toold.systemctl("stop", UNIT, check=False)
+        toold.run(["rm", "-rf", f"/etc/systemd/system/{UNIT}", DROPINS], check=False)
+        toold.systemctl("daemon-reload", check=False)
+        toold.systemctl("reset-failed", UNIT, check=False)
+
+
+def _contextd_saw(instance: Instance, path: str, action: str) -> bool:
+    events = call(instance, "ListEvents", interface=CONTEXT, kind="dropin")["events"]
+    return any(e.get("path") == path and e.get("action") == action for e in events)
+
+
+def test_revert_dropin_repairs_a_unit_broken_by_a_bad_dropin(probe: Instance) -> None:
+    path = f"{DROPINS}/50-bad.conf"
+    probe.write(path, BAD)
+    wait_until("contextd recorded the drop-in", lambda: _contextd_saw(probe, path, "created"), 10)
+    probe.systemctl("daemon-reload")
+    probe.systemctl("restart", UNIT, check=False)
+    probe.wait_for_unit(UNIT, ActiveState="failed")
+
+    dry = call(probe, "Execute", tool="revert_dropin", parameters={"unit": UNIT}, dry_run=True)
+    assert dry["outcome"] == "not_run"
+    assert any("remove 50-bad.conf" in step for step in dry["plan"]), dry["plan"]
+    assert probe.host_path(path).exists(), "a dry run changed the drop-in"
+
+    result = execute(probe, "revert_dropin", unit=UNIT)
+    assert result["outcome"] == "succeeded", result
+    assert result["active_state"] == "active"
+    assert result["previous_active_state"] == "failed"
+    assert result["rolled_back"] is False
+    assert result["details"]["source"] == "contextd's history"
+    assert result["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
+    assert not probe.host_path(path).exists()
+    assert probe.show(UNIT, "ActiveState")["ActiveState"] == "active"
+
+    record = call(probe, "GetAudit", unit=UNIT, limit=1)["records"][-1]
+    assert record["id"] == result["action_id"]
+    assert (record["decision"], record["outcome"]) == ("allowed", "succeeded")
+    assert record["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
+    assert record["details"]["snapshot_id"] > 0
+
+
+def test_a_revert_that_makes_things_worse_is_rolled_back(probe: Instance) -> None:
+    path = f"{DROPINS}/50-edit.conf"
+    probe.write(path, BAD)  # version 1: breaks the unit (never applied)
+    wait_until("contextd saw version 1", lambda: _contextd_saw(probe, path, "created"), 10)
+    time.sleep(2.5)  # a separate change, not the same burst of edits
+    probe.write(path, GOOD)  # version 2: fine
+    wait_until("contextd saw version 2", lambda: _contextd_saw(probe, path, "modified"), 10)
+    probe.systemctl("daemon-reload")
+    probe.systemctl("restart", UNIT)
+    probe.wait_for_unit(UNIT, ActiveState="active")
+
+    result = execute(probe, "revert_dropin", unit=UNIT)
+    assert result["outcome"] == "rolled_back", result
+    assert result["rolled_back"] is True
+    assert result["details"]["state_after_revert"] == "failed"
+    assert result["active_state"] == "active"
+    assert probe.host_path(path).read_text() == GOOD
+    assert probe.show(UNIT, "ActiveState")["ActiveState"] == "active"
+    record = call(probe, "GetAudit", unit=UNIT, limit=1)["records"][-1]
+    assert (record["outcome"], record["rolled_back"]) == ("rolled_back", True)
+
+
+@pytest.fixture
+def oneshot(toold: Instance) -> Iterator[Instance]:
+    toold.write(f"/etc/systemd/system/{ONESHOT}",
+                "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'exit 7'\n")
+    toold.systemctl("daemon-reload")
+    try:
+        yield toold
+    finally:
+        toold.run(["rm", "-f", f"/etc/systemd/system/{ONESHOT}"], check=False)
+        toold.systemctl("daemon-reload", check=False)
+        toold.systemctl("reset-failed", ONESHOT, check=False)
+
+
+def test_unit_restart_of_a_failed_unit_reports_the_job_result(oneshot: Instance) -> None:
+    oneshot.systemctl("start", ONESHOT, check=False)
+    oneshot.wait_for_unit(ONESHOT, ActiveState="failed")
+    result = execute(oneshot, "unit_restart", unit=ONESHOT)
+    assert result["job_result"] == "failed", result
+    assert result["active_state"] == "failed"
+    assert result["outcome"] == "failed"
+    assert result["previous_active_state"] == "failed"
+    assert result["details"]["result"] == "exit-code"
+
+
+def test_unit_restart_brings_a_failed_unit_back(probe: Instance) -> None:
+    probe.systemctl("kill", "--signal=KILL", UNIT)
+    probe.wait_for_unit(UNIT, ActiveState="failed")
+    result = execute(probe, "unit_restart", unit=UNIT)
+    assert (result["job_result"], result["active_state"], result["outcome"]) == (
+        "done", "active", "succeeded"), result
+
+
+def test_daemon_reload_reloads(probe: Instance) -> None:
+    probe.write(f"/etc/systemd/system/{UNIT}", SERVICE.replace("toold probe", "toold probe v2"))
+    assert probe.show(UNIT, "NeedDaemonReload")["NeedDaemonReload"] == "yes"
+    result = execute(probe, "daemon_reload")
+    assert result["outcome"] == "succeeded", result
+    shown = probe.show(UNIT, "NeedDaemonReload", "Description")
+    assert shown == {"NeedDaemonReload": "no", "Description": "toold probe v2"}
+
+
+def test_an_unknown_unit_and_a_denied_unit_are_refused(toold: Instance) -> None:
+    assert error_of(toold, "unit_restart", unit="no-such-unit-here.service") == (
+        f"{NAME}.UnitNotFound", {"unit": "no-such-unit-here.service"})
+    assert error_of(toold, "unit_restart", unit="dbus.service")[0] == f"{NAME}.UnitNotAllowed"
+    assert error_of(toold, "unit_restart", unit="toold.service")[0] == f"{NAME}.UnitNotAllowed"
+
+
+RAW_CALL = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/syntrop/io.syntrop.Tool1")
+s.sendall(json.dumps({"method": "io.syntrop.Tool1.Execute", "parameters": {
+    "tool": "unit_restart", "parameters": {"unit": sys.argv[1]}}}).encode() + b"\0")
+reply = b""
+while not reply.endswith(b"\0"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    reply += chunk
+print(reply.rstrip(b"\0").decode())
+"""
+
+
+def test_an_unauthorized_uid_is_refused(probe: Instance) -> None:
+    started = probe.show(UNIT, "ExecMainStartTimestampMonotonic")
+    out = probe.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                     "/usr/bin/python3", "-c", RAW_CALL, UNIT]).stdout
+    reply = json.loads(out)
+    assert reply.get("error") == "org.varlink.service.PermissionDenied", reply
+    assert probe.show(UNIT, "ExecMainStartTimestampMonotonic") == started
+    record = call(probe, "GetAudit", unit=UNIT, limit=1)["records"][-1]
+    assert (record["uid"], record["decision"], record["outcome"]) == (65534, "denied", "not_run")
+
+
+def test_concurrent_actions_on_one_unit_are_refused_not_queued(toold: Instance) -> None:
+    slow = "toolprobe-slow.service"
+    toold.write(f"/etc/systemd/system/{slow}",
+                "[Service]\nType=exec\nExecStartPre=/bin/sleep 2\nExecStart=/bin/sleep infinity\n")
+    toold.systemctl("daemon-reload")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(execute, toold, "unit_restart", unit=slow)
+            time.sleep(0.7)
+            assert error_of(toold, "unit_restart", unit=slow) == (
+                f"{NAME}.UnitBusy", {"unit": slow})
+            assert first.result()["outcome"] == "succeeded"
+    finally:
+        toold.systemctl("stop", slow, check=False)
+        toold.run(["rm", "-f", f"/etc/systemd/system/{slow}"], check=False)
+        toold.systemctl("daemon-reload", check=False)
+
+
+def test_clear_cache_empties_only_the_units_cache_directory(toold: Instance) -> None:
+    toold.write(f"/etc/systemd/system/{CACHED}",
+                "[Service]\nType=exec\nCacheDirectory=syntrop-tool-cache\n"
+                "ExecStart=/bin/sleep infinity\n")
+    toold.write("/var/lib/syntrop-tool-outside/keep", "keep me\n")
+    toold.systemctl("daemon-reload")
+    toold.systemctl("start", CACHED)
+    try:
+        toold.run(["sh", "-c", "cd /var/cache/syntrop-tool-cache && mkdir -p a/b && "
+                   "echo x > a/b/f && echo y > g && "
+                   "ln -s /var/lib/syntrop-tool-outside/keep link && "
+                   "ln -s /var/lib/syntrop-tool-outside linkdir"])
+        result = execute(toold, "clear_cache", unit=CACHED)
+        assert result["outcome"] == "succeeded", result
+        assert result["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
+        left = toold.run(["ls", "-A", "/var/cache/syntrop-tool-cache"]).stdout.split()
+        assert left == []
+        assert toold.host_path("/var/lib/syntrop-tool-outside/keep").read_text() == "keep me\n"
+    finally:
+        toold.systemctl("stop", CACHED, check=False)
+        toold.run(["rm", "-rf", f"/etc/systemd/system/{CACHED}", "/var/lib/syntrop-tool-outside",
+                   "/var/cache/syntrop-tool-cache"], check=False)
+        toold.systemctl("daemon-reload", check=False)
