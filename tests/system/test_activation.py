@@ -21,10 +21,12 @@ from tests.system.instance import Instance, wait_until
 IDS = [daemon.program for daemon in DAEMONS]
 #: Seconds a Varlink call from a test may take before it fails.
 IO_TIMEOUT = 20.0
-#: Services that keep root's uid (for PID 1's D-Bus API), and the effective
+#: Services that keep root's uid (PID 1's D-Bus API; inferenced: the
+#: root-owned cgroup.freeze files of other units), and the effective
 #: capabilities each keeps; every other one runs as a dynamic user with none.
 CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETFCAP = 1, 3, 31
 ROOT_SERVICES = {
+    "inferenced": 0,
     "toold": (1 << CAP_DAC_OVERRIDE) | (1 << CAP_FOWNER) | (1 << CAP_SETFCAP),
     "systemd-sentry": 0,
 }
@@ -180,7 +182,7 @@ def test_state_directories_belong_to_their_daemons(instance: Instance) -> None:
     ).stdout.split("\n")
     owners = dict(line.split(" ", 1) for line in listing if line)
     assert owners["/var/lib/syntrop/models"].startswith("modeld ")
-    assert owners["/var/lib/syntrop/inferenced"].startswith("inferenced ")
+    assert owners["/var/lib/syntrop/inferenced"].startswith("root ")
     assert owners["/var/lib/syntrop/toold"].startswith("root ")
     assert owners["/var/lib/syntrop/sentry"].startswith("root ")
 

@@ -26,6 +26,7 @@ stdout; bubblewrap's and the child's stderr come back for diagnostics.
 import contextlib
 import errno
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -164,9 +165,30 @@ def command(module: str, writable: list[str], *, layers: Layers,
         return inner
     argv = [bwrap, *namespace_arguments(), "--clearenv",
             "--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    # The interpreter and the package may live where the sandbox's fresh
+    # /tmp hides them (a checkout under /tmp): bind them back, read-only.
+    for path in _code_paths(interpreter):
+        argv += ["--ro-bind", path, path]
     for path in writable:
         argv += ["--bind", path, path]
     return [*argv, "--", *inner]
+
+
+def _code_paths(interpreter: str) -> list[str]:
+    """Directories under /tmp the child needs to run: the venv, its real
+    interpreter, and where this package is imported from."""
+    import syntrop
+
+    candidates = {
+        os.path.dirname(os.path.dirname(interpreter)),  # the venv (bin/..)
+        os.path.dirname(os.path.dirname(os.path.realpath(interpreter))),
+        os.path.dirname(os.path.dirname(os.path.abspath(syntrop.__file__))),  # src/
+        sys.prefix,
+    }
+    return sorted(
+        path for path in candidates
+        if (path == "/tmp" or path.startswith("/tmp/")) and os.path.isdir(path)
+    )
 
 
 async def run(module: str, request: dict[str, Any], *, writable: list[str], layers: Layers,
