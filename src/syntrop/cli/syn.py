@@ -149,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
     with_dir(commands.add_parser("down", help="stop the suite")).set_defaults(func=cmd_down)
+    from syntrop.cli import models
+
+    models.register(commands)  # pull, list, show, rm, pin, unpin, prune
     return top
 
 

@@ -48,10 +48,12 @@ class PullProgress:
     """One step of a pull.
 
     Fields:
-        phase: resolving, downloading, verifying, registering or done.
+        phase: waiting (another pull of the same blob runs first), receiving
+            (the first such reply asks for the bytes from completed_bytes on;
+            later ones report how far the store is), verifying, or done.
         completed_bytes: Bytes received and hashed so far, resumed bytes included.
         total_bytes: Bytes expected; null while unknown.
-        digest: The expected SHA-256, once known.
+        digest: The expected SHA-256.
     """
 
     phase: str
@@ -68,6 +70,7 @@ class PullReply(TypedDict):
 class PruneResult(TypedDict):
     freed_bytes: int
     removed: list[str]
+    remaining_bytes: int
 
 
 class OpenModelResult(TypedDict):
@@ -151,7 +154,9 @@ class InvalidReference(TypedVarlinkErrorReply, interface=NAME):
 
 
 class PullFailed(TypedVarlinkErrorReply, interface=NAME):
-    """The registry could not deliver the model.
+    """The bytes of a pull did not arrive whole: the stream ended early (the
+    partial is kept, and the next pull of the same digest resumes it), or
+    brought more than announced (discarded).
 
     Parameters:
         reference: The reference pulled.
@@ -162,6 +167,18 @@ class PullFailed(TypedVarlinkErrorReply, interface=NAME):
     class Parameters:
         reference: str
         status: int
+        reason: str
+
+
+class InvalidModel(TypedVarlinkErrorReply, interface=NAME):
+    """The bytes are not a model file the store accepts (GGUF versions 2 and
+    3, safetensors), or its header is damaged; nothing was stored.
+
+    Parameters:
+        reason: What is wrong, in words.
+    """
+
+    class Parameters:
         reason: str
 
 
@@ -177,6 +194,7 @@ class Model1(Interface, name=NAME):
         ModelInUse,
         InvalidReference,
         PullFailed,
+        InvalidModel,
     )
 
     @method(return_parameter="model")
@@ -188,16 +206,22 @@ class Model1(Interface, name=NAME):
         fd: FileDescriptor | None = None,
         sha256: str | None = None,
         pin: bool | None = None,
+        source: str | None = None,
     ) -> Model:
-        """Store a model from a local path or a passed file descriptor,
-        verified, deduplicated, then tell routerd (Router1.Reload).
+        """Store a model from a local path or a passed file descriptor of a
+        regular file: reflinked where the filesystem can, else copied in the
+        kernel, hashed in the store, linked into place only when verified,
+        never stored twice. Then tell routerd (Router1.Reload). Root and
+        modeld's own user only.
 
         Parameters:
             name: name[:tag]; the spelling name:pinned pins it.
-            path: A file readable by modeld.
+            path: An absolute path of a file readable by modeld.
             fd: Index of a passed file descriptor to read the weights from.
             sha256: Expected digest; the import fails if the bytes differ.
-            pin: Pin the model against pruning.
+            pin: Pin the model against pruning; null keeps an existing pin.
+            source: Where the bytes came from, recorded as the model's source
+                (default: the path, or null for a descriptor).
 
         Returns:
             model: The stored model.
@@ -205,16 +229,37 @@ class Model1(Interface, name=NAME):
 
     @method
     def Pull(
-        self, *, reference: str, name: str | None = None, sha256: str | None = None
+        self,
+        *,
+        reference: str,
+        name: str | None = None,
+        sha256: str | None = None,
+        size: int | None = None,
+        fd: FileDescriptor | None = None,
+        restart: bool | None = None,
     ) -> AsyncIterator[PullReply]:
-        """Fetch a model from a registry, hashing in flight and resuming a
-        journaled partial, then register it. Call with "more".
+        """Receive a model that the caller fetches from a registry (modeld
+        has no network; `syn pull` resolves the reference and feeds the
+        bytes), hashing in flight into a journaled partial, then register
+        it. Call with "more". The first reply in phase receiving says from
+        which byte to send (a resumed partial); a reply in phase done without
+        any receiving means the blob was stored already and nothing is to be
+        sent. The stream ends with the registered model, or DigestMismatch,
+        PullFailed (incomplete: the partial is kept), StoreFull (before any
+        byte), InvalidModel. Root and modeld's own user only.
 
         Parameters:
             reference: hf://org/repo[@revision]/file.gguf,
-                ollama://[registry/]namespace/model:tag, https://… or a path.
+                ollama://[registry/]namespace/model:tag, https://… or a path;
+                recorded as the model's source.
             name: name[:tag] to store it as; derived from the reference when null.
-            sha256: Expected digest (required for https:// references).
+            sha256: The SHA-256 the registry gives for the bytes (required).
+            size: Bytes the registry announced; free space is checked against
+                it before any byte is accepted.
+            fd: Index of a passed file descriptor (the read end of a pipe) the
+                bytes arrive on (required unless the blob is stored already).
+            restart: Discard a partial kept from an earlier pull and start
+                from byte 0 (for servers that ignore Range).
 
         Returns:
             progress: How far the pull is.
@@ -243,6 +288,8 @@ class Model1(Interface, name=NAME):
     @method
     def Remove(self, *, name: str) -> None:
         """Remove a model's name; its blob goes when no name uses it.
+        Refused with ModelInUse while a descriptor from OpenModel of its blob
+        is open. Root and modeld's own user only.
 
         Parameters:
             name: name[:tag].
@@ -250,7 +297,7 @@ class Model1(Interface, name=NAME):
 
     @method
     def Pin(self, *, name: str) -> None:
-        """Protect a model from pruning.
+        """Protect a model from pruning. Root and modeld's own user only.
 
         Parameters:
             name: name[:tag].
@@ -258,7 +305,7 @@ class Model1(Interface, name=NAME):
 
     @method
     def Unpin(self, *, name: str) -> None:
-        """Let a model be pruned again.
+        """Let a model be pruned again. Root and modeld's own user only.
 
         Parameters:
             name: name[:tag].
@@ -267,7 +314,8 @@ class Model1(Interface, name=NAME):
     @method
     def Prune(self, *, budget_bytes: int | None = None, dry_run: bool | None = None) -> PruneResult:
         """Remove least recently used models until the store fits its disk
-        budget; never a pinned model, never one in use.
+        budget; never a pinned model, never one in use. Root and modeld's own
+        user only.
 
         Parameters:
             budget_bytes: The budget to fit; the configured one when null.
@@ -276,12 +324,15 @@ class Model1(Interface, name=NAME):
         Returns:
             freed_bytes: Bytes freed (or that would be).
             removed: name:tag of each removed model.
+            remaining_bytes: Bytes the store holds afterwards.
         """
 
     @method
     def OpenModel(self, *, name: str) -> OpenModelResult:
         """Open a model's verified blob read-only and pass the descriptor, so a
-        sandboxed reader needs no access to the store.
+        sandboxed reader needs no access to the store. The blob counts as in
+        use (not pruned, not removed) until the last copy of this
+        descriptor is closed: keep it open while the model is loaded.
 
         Parameters:
             name: name[:tag].

@@ -1,0 +1,622 @@
+"""syn pull / list / show / rm / pin / unpin / prune: the model store's commands.
+
+`syn pull REF` does what the seed gives it: it resolves the reference and
+streams the bytes itself (modeld's unit has no network), handing them to
+modeld through a pipe passed with Model1.Pull; modeld hashes them in flight
+into a journaled partial, verifies, stores and registers. A local path is
+handed over as a descriptor with Model1.Register (reflinked where the
+filesystem can). Transient failures (a dropped connection, a 5xx, modeld
+restarting) are retried with backoff, each try resuming from what modeld
+kept; a server that ignores Range is restarted from byte 0.
+
+Output: aligned tables, `--json` for scripts, a progress bar on a terminal
+and plain lines otherwise; every failure is one line `syn: …`.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+
+    from syntrop.interfaces.model import Model, PullProgress
+    from syntrop.modeld.refs import Reference
+    from syntrop.modeld.registries import Artifact
+    from syntrop.varlink.client import Client
+
+
+class CliError(Exception):
+    """A failure to report in one line, `syn: …` (see _guarded)."""
+
+
+#: Seconds a pull waits for a reply from modeld; it sends one at least every 5 s.
+STREAM_TIMEOUT = 120.0
+#: Seconds an import may take (hashing a large local file).
+IMPORT_TIMEOUT = 3600.0
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from 1024, 500M, 2.5G, 10GiB (binary units)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    power = " KMGTP".index(match[2].upper() or " ")
+    return int(float(match[1]) * 1024**power)
+
+
+def human(size: int | None) -> str:
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def describe(error: BaseException) -> str:
+    """One line for a Varlink error from modeld."""
+    name = getattr(error, "name", "")
+    params: dict[str, Any] = getattr(error, "parameters", None) or {}
+    short = name.rsplit(".", 1)[-1]
+    match short:
+        case "InvalidIdentifier":
+            return (f"invalid model name {params.get('identifier')!r}: a name or tag must not be "
+                    "empty, '.', '..', or contain '/', ':', spaces or control characters")
+        case "ModelNotFound":
+            return f"no model named {params.get('name')}"
+        case "DigestMismatch":
+            return (f"the bytes do not match their SHA-256 (expected {params.get('expected')}, "
+                    f"got {params.get('actual')}); nothing was stored")
+        case "StoreFull":
+            return (f"not enough space in the model store: {human(params.get('required'))} "
+                    f"needed, {human(params.get('available'))} free; nothing was written")
+        case "ModelInUse":
+            return f"{params.get('name')} is in use (a descriptor of it is open); not removed"
+        case "InvalidReference" | "PullFailed":
+            return f"{params.get('reference')}: {params.get('reason')}"
+        case "InvalidModel":
+            return f"not a model file: {params.get('reason')}"
+        case "PermissionDenied":
+            return "permission denied: modeld takes changes from root and its own user only"
+        case "InvalidParameter":
+            return f"modeld refused the parameter {params.get('parameter')!r}"
+    return f"modeld answered {name or type(error).__name__}"
+
+
+async def _connect(timeout: float = 45.0) -> "Client":
+    from syntrop.interfaces.model import Model1
+    from syntrop.varlink.client import address_of, connect
+
+    try:
+        return await connect(Model1, timeout=timeout)
+    except OSError as error:
+        raise CliError(
+            f"cannot reach modeld at {address_of(Model1)}: {error.strerror or error} "
+            "(start it: `syn up` with $RUNTIME_DIRECTORY set, or systemctl start modeld.socket)"
+        ) from None
+
+
+def _run(coroutine: Any) -> Any:
+    """Run a coroutine; Varlink errors and a vanished daemon become CliError."""
+    from asyncvarlink import VarlinkErrorReply
+
+    from syntrop.varlink.client import CallTimeout
+
+    try:
+        return asyncio.run(coroutine)
+    except VarlinkErrorReply as error:
+        raise CliError(describe(error)) from None
+    except CallTimeout as error:
+        raise CliError(f"modeld did not answer: {error}") from None
+    except (ConnectionError, EOFError) as error:
+        raise CliError(f"lost the connection to modeld ({error or type(error).__name__})") from None
+
+
+def _as_dict(model: "Model") -> dict[str, Any]:
+    return dataclasses.asdict(model)
+
+
+# list / show / rm / pin / unpin / prune ------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    async def go() -> list["Model"]:
+        async with await _connect() as model1:
+            reply = await model1.List()
+            models: list[Model] = reply["models"]
+            return models
+
+    models = _run(go())
+    if args.json:
+        print(json.dumps([_as_dict(m) for m in models]))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None)
+    for column in ("NAME", "SIZE", "FORMAT", "ARCH", "QUANT", "PINNED", "LAST USED", "DIGEST"):
+        table.add_column(column, justify="right" if column == "SIZE" else "left")
+    for m in models:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_access_usec / 1e6))
+        table.add_row(f"{m.name}:{m.tag}", human(m.size), m.format, m.architecture or "-",
+                      m.quantization or "-", "yes" if m.pinned else "", used, m.digest[:12])
+    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    async def go() -> "Model":
+        async with await _connect() as model1:
+            reply = await model1.Show(name=args.name)
+            model: Model = reply["model"]
+            return model
+
+    model = _run(go())
+    if args.json:
+        print(json.dumps(_as_dict(model)))
+        return 0
+    print_model(model)
+    return 0
+
+
+def print_model(model: "Model") -> None:
+    rows = {
+        "name": f"{model.name}:{model.tag}",
+        "size": f"{human(model.size)} ({model.size} bytes)",
+        "format": model.format,
+        "architecture": model.architecture or "-",
+        "quantization": model.quantization or "-",
+        "license": model.license or "-",
+        "sha256": model.digest,
+        "pinned": "yes" if model.pinned else "no",
+        "last used": time.strftime("%Y-%m-%d %H:%M:%S",
+                                   time.localtime(model.last_access_usec / 1e6)),
+        "source": model.source or "-",
+    }
+    width = max(len(key) for key in rows)
+    for key, value in rows.items():
+        print(f"{key + ':':{width + 1}} {value}")
+
+
+def _each(args: argparse.Namespace, method: str, verb: str) -> int:
+    """Remove, Pin or Unpin each name in turn; stop at the first failure."""
+
+    async def go() -> None:
+        async with await _connect() as model1:
+            for name in args.names:
+                await getattr(model1, method)(name=name)
+                if not args.json:
+                    print(f"{verb} {name}")
+
+    _run(go())
+    if args.json:
+        print(json.dumps({verb: args.names}))
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    return _each(args, "Remove", "removed")
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    return _each(args, "Pin", "pinned")
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    return _each(args, "Unpin", "unpinned")
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    async def go() -> dict[str, Any]:
+        async with await _connect(timeout=IMPORT_TIMEOUT) as model1:
+            result: dict[str, Any] = await model1.Prune(budget_bytes=args.budget,
+                                                        dry_run=args.dry_run or None)
+            return result
+
+    result = _run(go())
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for name in result["removed"]:
+        print(f"{verb} {name}")
+    print(f"{'would free' if args.dry_run else 'freed'} {human(result['freed_bytes'])}; "
+          f"the store holds {human(result['remaining_bytes'])}")
+    return 0
+
+
+# pull ----------------------------------------------------------------------------
+
+
+class Display:
+    """Progress on stderr: a rich bar on a terminal, plain lines otherwise,
+    nothing with --json."""
+
+    def __init__(self, reference: str, *, quiet: bool) -> None:
+        self.reference = reference
+        self.quiet = quiet
+        self.bar: Any = None
+        self.task: Any = None
+        self.lock = threading.Lock()
+        self.done = 0
+        self.total: int | None = None
+        self.next_line = 0.0
+        self.last_phase = ""
+        if not quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("resolving", total=None)
+
+    def line(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def phase(self, phase: str, done: int, total: int | None) -> None:
+        with self.lock:
+            self.done, self.total = done, total
+            changed, self.last_phase = phase != self.last_phase, phase
+        if self.bar is not None:
+            self.bar.update(self.task, description=phase, completed=done, total=total)
+        elif changed and phase != "receiving":
+            self.line(phase)
+
+    def add(self, count: int) -> None:
+        """Bytes sent to modeld (from the feeding thread)."""
+        with self.lock:
+            self.done += count
+            done, total = self.done, self.total
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+        elif not self.quiet and time.monotonic() >= self.next_line:
+            self.next_line = time.monotonic() + 1.0
+            share = f" ({100 * done // total}%)" if total else ""
+            print(f"  {human(done)} / {human(total)}{share}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+class _Retry(Exception):
+    """This try failed in a way the next try may fix."""
+
+    def __init__(self, message: str, *, restart: bool = False) -> None:
+        super().__init__(message)
+        self.restart = restart
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from syntrop.modeld import refs
+
+    try:
+        reference = refs.parse(args.reference)
+    except refs.InvalidReference as error:
+        raise CliError(str(error)) from None
+    if args.name is not None:
+        from syntrop.modeld import names
+
+        try:
+            names.parse(args.name)
+        except names.InvalidName as error:
+            raise CliError(f"{error}: a name or tag must not be empty, '.', '..', or contain "
+                           "'/', ':', spaces or control characters") from None
+    display = Display(args.reference, quiet=args.json)
+    try:
+        if isinstance(reference, refs.PathRef):
+            model = _run(_register_local(reference.path, args))
+        else:
+            model = _pull_remote(reference, args, display)
+            if args.pin and not model.pinned:
+                model = _run(_pin_model(f"{model.name}:{model.tag}"))
+    finally:
+        display.close()
+    if args.json:
+        print(json.dumps(_as_dict(model)))
+    else:
+        print(f"pulled {model.name}:{model.tag} sha256:{model.digest} ({human(model.size)})")
+    return 0
+
+
+async def _register_local(path: str, args: argparse.Namespace) -> "Model":
+    from asyncvarlink import FileDescriptor
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as error:
+        raise CliError(f"{path}: {error.strerror}") from None
+    try:
+        async with await _connect(timeout=IMPORT_TIMEOUT) as model1:
+            reply = await model1.Register(
+                name=args.name or _default_name(path), fd=FileDescriptor(fd),
+                sha256=args.sha256, pin=True if args.pin else None,
+                source=os.path.abspath(path),
+            )
+            model: Model = reply["model"]
+    finally:
+        os.close(fd)
+    return model
+
+
+async def _pin_model(name: str) -> "Model":
+    async with await _connect() as model1:
+        await model1.Pin(name=name)
+        reply = await model1.Show(name=name)
+        model: Model = reply["model"]
+        return model
+
+
+def _default_name(text: str) -> str:
+    from syntrop.modeld import refs
+
+    return refs.default_name(refs.parse(text))
+
+
+def _pull_remote(reference: "Reference", args: argparse.Namespace, display: Display) -> "Model":
+    import httpx
+
+    from syntrop.config import ConfigError, paths
+    from syntrop.modeld.fetch import tune_for_bulk
+    from syntrop.modeld.registries import RegistryError, Settings, registry_for
+
+    tune_for_bulk()
+    try:
+        settings = Settings.load(paths().configuration, os.environ,
+                                 insecure=args.insecure or None, retries=args.retries)
+    except ConfigError as error:
+        raise CliError(str(error)) from None
+    timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
+    with httpx.Client(timeout=timeout) as http:
+        registry = registry_for(reference, settings, http)
+        attempt = 0
+        while True:
+            try:
+                artifact = registry.resolve(reference)
+                break
+            except RegistryError as error:
+                if not error.retryable or attempt >= settings.retries:
+                    raise CliError(str(error)) from None
+                attempt += 1
+                _backoff(attempt, str(error), display)
+        sha256 = _expected_digest(artifact, args.sha256, args.reference)
+        display.line(f"pulling {args.reference}: {human(artifact.size)}, sha256:{sha256}")
+        restart = False
+        attempt = 0
+        while True:
+            try:
+                model: Model = _run(_transfer(args, artifact, sha256, http, display,
+                                              restart=restart))
+                return model
+            except _Retry as retry:
+                if retry.restart and not restart:
+                    restart = True  # once, and it is not a failed try
+                    display.line(f"{retry}; starting over from byte 0")
+                    continue
+                if retry.restart:
+                    raise CliError(str(retry)) from None
+                if attempt >= settings.retries:
+                    raise CliError(f"{retry} (after {attempt + 1} tries; run the command again "
+                                   "to resume)") from None
+                attempt += 1
+                _backoff(attempt, str(retry), display)
+            except RegistryError as error:
+                raise CliError(str(error)) from None
+
+
+def _expected_digest(artifact: "Artifact", given: str | None, reference: str) -> str:
+    from syntrop.modeld import names
+
+    if given is not None:
+        try:
+            given = names.digest(given)
+        except names.InvalidDigest:
+            raise CliError(f"--sha256 {given!r} is not a SHA-256 in hex") from None
+    if artifact.sha256 and given and artifact.sha256 != given:
+        raise CliError(f"{reference}: the registry gives sha256 {artifact.sha256}, "
+                       f"--sha256 says {given}; nothing was fetched")
+    sha256 = artifact.sha256 or given
+    if sha256 is None:
+        raise CliError(f"{reference}: the server gives no SHA-256 to verify the bytes "
+                       "against; pass --sha256")
+    return sha256
+
+
+def _backoff(attempt: int, reason: str, display: Display) -> None:
+    delay = min(8.0, 0.5 * 2 ** (attempt - 1))
+    display.line(f"{reason}; retrying in {delay:g} s")
+    time.sleep(delay)
+
+
+async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
+                    http: "httpx.Client", display: Display, *, restart: bool) -> "Model":
+    """One try: a Pull call, with a thread feeding the pipe once modeld says
+    from which byte."""
+    from asyncvarlink import FileDescriptor
+
+    from syntrop.interfaces.model import DigestMismatch, PullFailed
+    from syntrop.modeld.fetch import RangeIgnored, StoreClosed, fetch
+    from syntrop.modeld.registries import RegistryError
+    from syntrop.modeld.staging import set_pipe_size
+    from syntrop.varlink.client import CallTimeout
+
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    set_pipe_size(write_end)
+    failure: list[BaseException] = []
+    feeder: threading.Thread | None = None
+
+    def feed(offset: int) -> None:
+        try:
+            fetch(http, artifact, offset, write_end, what=args.reference, on_bytes=display.add)
+        except (RegistryError, StoreClosed) as error:
+            failure.append(error)
+        except Exception as error:  # reported by the caller, never a traceback
+            failure.append(RegistryError(f"{args.reference}: {error}"))
+        finally:
+            os.close(write_end)
+
+    def feed_error(wait: float = 5.0) -> BaseException | None:
+        """What went wrong on the HTTP side, once the feeder is done (it ends
+        soon after modeld stops reading; not when the server stalls)."""
+        if feeder is not None:
+            feeder.join(timeout=wait)
+        errors = [e for e in failure if not isinstance(e, StoreClosed)]
+        return errors[0] if errors else None
+
+    model = None
+    resumed = 0
+    try:
+        client = await _connect(timeout=STREAM_TIMEOUT)
+        async with client as model1:
+            replies = model1.Pull(
+                reference=args.reference, name=args.name, sha256=sha256, size=artifact.size,
+                fd=FileDescriptor(read_end), restart=restart or None,
+            )
+            async for reply in replies:
+                progress: PullProgress = reply["progress"]
+                if progress.phase == "receiving" and feeder is None:
+                    resumed = progress.completed_bytes
+                    if progress.completed_bytes:
+                        display.line(f"resuming at {human(progress.completed_bytes)}")
+                    display.phase("receiving", progress.completed_bytes, progress.total_bytes)
+                    feeder = threading.Thread(target=feed, args=(progress.completed_bytes,),
+                                              name="syn-fetch", daemon=True)
+                    feeder.start()
+                elif progress.phase == "waiting":
+                    display.phase("waiting for another pull of this blob", 0,
+                                  progress.total_bytes)
+                elif progress.phase == "verifying":
+                    display.phase("verifying", progress.completed_bytes, progress.total_bytes)
+                if reply["model"] is not None:
+                    model = reply["model"]
+    except DigestMismatch as error:
+        if resumed and not restart:
+            # The kept part may be what is wrong (a partial damaged by a
+            # power loss): one more try from byte 0 before giving up.
+            raise _Retry(describe(error), restart=True) from None
+        raise
+    except PullFailed as error:
+        cause = feed_error()
+        if isinstance(cause, RangeIgnored):
+            raise _Retry(str(cause), restart=True) from None
+        if isinstance(cause, RegistryError):
+            if cause.retryable:
+                raise _Retry(str(cause)) from None
+            raise cause from None
+        raise _Retry(describe(error)) from None
+    except (ConnectionError, EOFError, CallTimeout) as error:
+        cause = feed_error(wait=0.2)
+        if isinstance(cause, RegistryError) and not cause.retryable:
+            raise cause from None
+        raise _Retry(f"lost modeld during the pull ({error or type(error).__name__})") from None
+    except CliError as error:
+        if feeder is not None:
+            raise _Retry(str(error)) from None
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(read_end)
+        if feeder is None:
+            with contextlib.suppress(OSError):
+                os.close(write_end)
+    cause = feed_error()
+    if model is None:
+        if cause is not None:
+            raise cause
+        raise _Retry("modeld ended the pull without a model")
+    result: Model = model
+    return result
+
+
+# registration in syn ---------------------------------------------------------------
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Report failures as one line `syn: …` and exit status 1; a bug too
+    (its traceback only with SYNTROP_DEBUG set)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except CliError as error:
+            print(f"syn: {error}", file=sys.stderr)
+            return 1
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:
+            if os.environ.get("SYNTROP_DEBUG"):
+                raise
+            print(f"syn: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add the model commands to syn's subcommands."""
+
+    def add(
+        name: str, help: str, func: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help)
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.set_defaults(func=_guarded(func))
+        return sub
+
+    pull = add("pull", "fetch a model into the store", cmd_pull)
+    pull.add_argument("reference", metavar="REF",
+                      help="hf://org/repo[@revision]/file.gguf, "
+                      "ollama://[registry/]namespace/model[:tag], https://… (with --sha256), "
+                      "or a local path")
+    pull.add_argument("--name", metavar="NAME[:TAG]",
+                      help="store it under this name (default: derived from REF)")
+    pull.add_argument("--sha256", metavar="HEX", help="expected SHA-256 of the file")
+    pull.add_argument("--pin", action="store_true", help="pin it against pruning")
+    pull.add_argument("--insecure", action="store_true",
+                      help="speak http to a registry named in an ollama:// reference")
+    pull.add_argument("--retries", type=int, default=None, metavar="N",
+                      help="tries after a transient failure (default 3, or pull.toml)")
+
+    add("list", "list the stored models", cmd_list)
+    show = add("show", "describe a model", cmd_show)
+    show.add_argument("name", metavar="NAME[:TAG]")
+    rm = add("rm", "remove models", cmd_rm)
+    rm.add_argument("names", nargs="+", metavar="NAME[:TAG]")
+    pin = add("pin", "protect models from pruning", cmd_pin)
+    pin.add_argument("names", nargs="+", metavar="NAME[:TAG]")
+    unpin = add("unpin", "let models be pruned again", cmd_unpin)
+    unpin.add_argument("names", nargs="+", metavar="NAME[:TAG]")
+    prune = add("prune", "remove least recently used models to fit a budget", cmd_prune)
+    prune.add_argument("--budget", type=parse_size, default=None, metavar="SIZE",
+                       help="fit the store into SIZE (e.g. 20G; default: modeld's budget_bytes)")
+    prune.add_argument("--dry-run", action="store_true", help="only say what would go")
