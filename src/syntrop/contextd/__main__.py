@@ -3,10 +3,22 @@ pays for nothing it does not use."""
 
 
 def main() -> None:
+    import sys
+
+    from syntrop.config import ConfigError, paths
+    from syntrop.contextd.config import load
+
+    try:
+        load(str(paths().configuration / "contextd.toml"))
+    except ConfigError as error:
+        # Said once, without a traceback; systemd records the failure.
+        print(f"contextd: {error}", file=sys.stderr)
+        sys.exit(1)
+
     from syntrop.contextd.service import ContextService
     from syntrop.varlink.daemon import run
 
-    run("contextd", "io.syntrop.Context1", ContextService)
+    run("contextd", "io.syntrop.Context1", ContextService.open)
 
 
 if __name__ == "__main__":

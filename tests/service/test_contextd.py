@@ -1,0 +1,336 @@
+"""contextd over its real activated socket, watching temporary unit
+directories with real inotify (and fanotify where root): writes, editors'
+rename-replace, deletes, creates, mode changes, a drop-in directory that
+appears later, enablement links, binary, huge and special files, changes
+made while it was not running, a flood of 10,000 changes, bad parameters.
+
+The journal and package sources are in test_contextd_sources.py."""
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import varlink
+
+from tests.service.wire import Running, assert_no_traceback, daemon_env, daemon_named, running
+
+NAME = "io.syntrop.Context1"
+
+
+def toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
+
+
+def configure(root: Path, units: list[Path], *, top: str = "", **tables: dict[str, Any]) -> None:
+    """Write root/config/contextd.toml: `units` watched, nothing of the host
+    read (no package logs, no journal) unless a table says otherwise."""
+    sections: dict[str, dict[str, Any]] = {
+        "packages": {"dpkg_log": "", "apt_history": "", "dnf_log": "",
+                     "dpkg_info": str(root / "info")},
+        "journal": {"journalctl": ""},
+    }
+    for name, values in tables.items():
+        sections.setdefault(name, {}).update(values)
+    lines = [f"unit_dirs = {toml_list([str(u) for u in units])}",
+             f"reference_prefixes = {toml_list([str(root) + '/'])}", top]
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, int | float):
+                lines.append(f"{key} = {value}")
+            elif isinstance(value, list):
+                lines.append(f"{key} = {toml_list(value)}")
+            else:
+                lines.append(f'{key} = "{value}"')
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "contextd.toml").write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def contextd(root: Path, units: list[Path], *, top: str = "",
+             idle_timeout: float = 0, **tables: dict[str, Any]) -> Iterator[Running]:
+    configure(root, units, top=top, **tables)
+    with running("contextd", root, idle_timeout=idle_timeout) as daemon:
+        yield daemon
+        daemon.assert_healthy()
+
+
+def call(daemon: Running, method: str, **params: Any) -> Any:
+    with varlink.Client(address=daemon.address) as client, client.open(NAME) as proxy:
+        return getattr(proxy, method)(**params)
+
+
+def error_of(daemon: Running, method: str, **params: Any) -> tuple[str, dict[str, Any]]:
+    with pytest.raises(varlink.VarlinkError) as caught:
+        call(daemon, method, **params)
+    return caught.value.error(), caught.value.parameters()
+
+
+def events(daemon: Running, **params: Any) -> list[dict[str, Any]]:
+    found = call(daemon, "ListEvents", **params)["events"]
+    assert isinstance(found, list)
+    return found
+
+
+def wait_event(daemon: Running, match: Callable[[dict[str, Any]], bool],
+               timeout: float = 5) -> dict[str, Any]:
+    """The first event `match` accepts, polling until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in events(daemon):
+            if match(event):
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no such event within {timeout} s; timeline: "
+                                 f"{[e['summary'] for e in events(daemon)]}")
+        time.sleep(0.02)
+
+
+def on(path: Path, action: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e.get("path") == str(path) and e["action"] == action
+
+
+def diff_of(daemon: Running, event: dict[str, Any]) -> str:
+    diff = call(daemon, "GetEvent", id=event["id"])["event"]["diff"]
+    assert isinstance(diff, str)
+    return diff
+
+
+def test_file_changes_are_recorded_with_diffs(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    with contextd(tmp_path, [system], files={"max_file_bytes": 4096}) as daemon:
+        fanotify = call(daemon, "GetStatus")["fanotify"]
+        unit = system / "web.service"
+        unit.write_text("[Service]\nExecStart=/usr/bin/web\n")
+        created = wait_event(daemon, on(unit, "created"))
+        assert created["kind"] == "unit_file" and created["unit"] == "web.service"
+        assert "+ExecStart=/usr/bin/web" in diff_of(daemon, created)
+        if fanotify:  # root: the writer is named
+            assert created["pid"] == os.getpid(), created
+
+        # An editor's save: a temporary file renamed over the unit.
+        temporary = system / ".web.service.swp"
+        temporary.write_text("[Service]\nExecStart=/usr/bin/web --fast\n")
+        os.replace(temporary, unit)
+        modified = wait_event(daemon, on(unit, "modified"))
+        assert "-ExecStart=/usr/bin/web\n+ExecStart=/usr/bin/web --fast\n" in \
+            diff_of(daemon, modified)
+        if fanotify:
+            assert modified["pid"] == os.getpid()
+
+        unit.chmod(0o600)
+        mode = wait_event(daemon, on(unit, "mode"))
+        assert mode["mode"] == 0o600 and not mode["has_diff"]
+
+        # A drop-in directory that appears later, its file written at once.
+        dropins = system / "web.service.d"
+        dropins.mkdir()
+        (dropins / "override.conf").write_text("[Service]\nEnvironment=DEBUG=1\n")
+        dropin = wait_event(daemon, on(dropins / "override.conf", "created"))
+        assert dropin["kind"] == "dropin" and dropin["unit"] == "web.service"
+        assert "+Environment=DEBUG=1" in dropin["summary"]
+
+        # Enabling: a link in a .wants directory.
+        wants = system / "multi-user.target.wants"
+        wants.mkdir()
+        (wants / "web.service").symlink_to(unit)
+        link = wait_event(daemon, on(wants / "web.service", "created"))
+        assert f"+-> {unit}" in diff_of(daemon, link)
+
+        # Binary, too large, a FIFO: recorded, no diff body, nothing blocks.
+        (system / "blob.service").write_bytes(b"\x7fELF\x00" * 10)
+        blob = wait_event(daemon, on(system / "blob.service", "created"))
+        assert not blob["has_diff"] and "binary, 50 bytes" in blob["summary"]
+        (system / "huge.service").write_text("x\n" * 10_000)
+        huge = wait_event(daemon, on(system / "huge.service", "created"))
+        assert not huge["has_diff"] and "too large to diff" in huge["summary"]
+        os.mkfifo(system / "trap.service")
+        wait_event(daemon, on(system / "trap.service", "created"))
+
+        unit.unlink()
+        deleted = wait_event(daemon, on(unit, "deleted"))
+        assert "-ExecStart=/usr/bin/web --fast" in diff_of(daemon, deleted)
+
+        # What systemd ignores is not recorded.
+        (system / "web.service~").write_text("backup")
+        (dropins / "notes.txt").write_text("x")
+        (system / "zz.service").write_text("[Unit]\n")  # a marker written last
+        wait_event(daemon, on(system / "zz.service", "created"))
+        paths = {e.get("path") for e in events(daemon)}
+        assert str(system / "web.service~") not in paths
+        assert str(dropins / "notes.txt") not in paths
+        assert str(temporary) not in paths
+
+        status = call(daemon, "GetStatus")
+        assert str(system) in status["watched_paths"] and str(dropins) in status["watched_paths"]
+        assert status["dropped_events"] == 0
+
+
+def test_references_are_watched_and_ranked(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    env = tmp_path / "default" / "web"
+    env.parent.mkdir()
+    env.write_text("PORT=80\n")
+    other = system / "other.service"
+    other.write_text("[Service]\nExecStart=/bin/true\n")
+    with contextd(tmp_path, [system]) as daemon:
+        (system / "web.service").write_text(
+            f"[Service]\nEnvironmentFile=-{env}\nExecStart=/usr/bin/web\n")
+        wait_event(daemon, on(system / "web.service", "created"))
+        time.sleep(0.2)  # the reference is watched once the unit is read
+        env.write_text("PORT=8080\n")
+        config = wait_event(daemon, on(env, "modified"))
+        assert config["kind"] == "config" and "-PORT=80\n+PORT=8080" in diff_of(daemon, config)
+        other.write_text("[Service]\nExecStart=/bin/false\n")
+        wait_event(daemon, on(other, "modified"))
+
+        context = call(daemon, "GetUnitContext", unit="web.service", include_diffs=True)
+        paths = [e.get("path") for e in context["events"]]
+        assert paths[:2] == [str(system / "web.service"), str(env)]
+        assert str(other) not in paths, "an unrelated unit's change was included"
+        assert context["events"][1]["diff"].endswith("+PORT=8080\n")
+        assert context["journal"] == [] and "turned off" in context.get("journal_error", "")
+
+
+def test_changes_while_down_are_found_at_start(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    (system / "kept.service").write_text("[Service]\nExecStart=/bin/a\n")
+    (system / "gone.service").write_text("[Unit]\n")
+    env = tmp_path / "ref.env"
+    env.write_text("A=1\n")
+    (system / "ref.service").write_text(f"[Service]\nEnvironmentFile={env}\n")
+    with contextd(tmp_path, [system]) as daemon:
+        assert events(daemon) == [], "the first start is a baseline, not a list of creations"
+        (system / "live.service").write_text("[Unit]\n")
+        first = wait_event(daemon, on(system / "live.service", "created"))
+    (system / "kept.service").write_text("[Service]\nExecStart=/bin/b\n")
+    (system / "gone.service").unlink()
+    (system / "new.service").write_text("[Unit]\n")
+    written = os.stat(system / "kept.service").st_mtime_ns // 1000
+    with contextd(tmp_path, [system]) as daemon:
+        kept = wait_event(daemon, on(system / "kept.service", "modified"))
+        assert "found at start-up" in kept["summary"]
+        assert kept["timestamp_usec"] == written
+        assert "-ExecStart=/bin/a\n+ExecStart=/bin/b\n" in diff_of(daemon, kept)
+        wait_event(daemon, on(system / "gone.service", "deleted"))
+        wait_event(daemon, on(system / "new.service", "created"))
+        # The timeline survived the restart, ids keep growing.
+        assert first["id"] in [e["id"] for e in events(daemon)]
+        assert kept["id"] > first["id"]
+        # An unchanged unit is still known, and what it references watched.
+        env.write_text("A=2\n")
+        wait_event(daemon, on(env, "modified"))
+        context = call(daemon, "GetUnitContext", unit="ref.service")
+        assert [e.get("path") for e in context["events"]] == [str(env)]
+
+
+def test_a_flood_is_bounded_and_drops_are_counted(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    watched = system / "important.service"
+    watched.write_text("[Unit]\n")
+    ring, shadow = 3000, 256 * 1024
+    with contextd(tmp_path, [system], timeline={"ring_size": ring, "flood_rate": 500,
+                                                "flood_burst": 1000},
+                  files={"max_shadow_bytes": shadow}) as daemon:
+        rss_before = _rss(daemon.pid)
+        # As fast as this process can (the rate is the machine's; bench/
+        # measures it): 10,000 files created and closed.
+        for i in range(10_000):
+            fd = os.open(system / f"flood{i}.service", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            os.write(fd, f"[Unit]\nDescription={i}\n{'#' * 64}\n".encode())
+            os.close(fd)
+
+        # Wait until it has caught up: the counts stop moving.
+        deadline = time.monotonic() + 90  # generous: the machine may be busy
+        previous: dict[str, Any] = {}
+        while True:
+            status = call(daemon, "GetStatus")
+            if status == previous and status["events"] + status["dropped_events"] >= 2000:
+                break
+            assert time.monotonic() < deadline, status
+            previous = status
+            time.sleep(0.5)
+        assert status["dropped_events"] > 0, status
+        assert status["events"] <= ring
+        assert status["shadow_bytes"] <= shadow
+        growth = _rss(daemon.pid) - rss_before
+        assert growth < 80 * 1024 * 1024, f"RSS grew by {growth >> 20} MiB"
+        # Once the flood is over, a change is recorded again.
+        time.sleep(1.0)
+        watched.write_text("[Unit]\nDescription=after the flood\n")
+        wait_event(daemon, on(watched, "modified"), timeout=15)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_bad_parameters_get_declared_errors(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    (system / "web.service").write_text("[Unit]\n")
+    invalid = "org.varlink.service.InvalidParameter"
+    with contextd(tmp_path, [system]) as daemon:
+        assert error_of(daemon, "GetUnitContext", unit="nothing.service") == (
+            f"{NAME}.UnitNotFound", {"unit": "nothing.service"})
+        for name in ("", "web", "../web.service", "a b.service", "x" * 300 + ".service",
+                     "web@.service", "web.service\0"):
+            assert error_of(daemon, "GetUnitContext", unit=name)[0] == f"{NAME}.InvalidUnitName"
+        error, parameters = error_of(daemon, "GetUnitContext", unit="web.service",
+                                     window_usec=-1)
+        assert error == f"{NAME}.InvalidWindow" and parameters["window_usec"] == -1
+        error, parameters = error_of(daemon, "GetUnitContext", unit="web.service",
+                                     window_usec=2**62)
+        assert error == f"{NAME}.InvalidWindow" and parameters["max_usec"] == 30 * 86400 * 10**6
+        for key, value in (("failure_usec", -5), ("failure_usec", 2**62),
+                           ("invocation_id", "not-an-id"), ("limit", 0), ("limit", 10**6)):
+            assert error_of(daemon, "GetUnitContext", unit="web.service", **{key: value}) == (
+                invalid, {"parameter": key})
+        assert error_of(daemon, "ListEvents", kind="bogus") == (invalid, {"parameter": "kind"})
+        assert error_of(daemon, "ListEvents", limit=-1) == (invalid, {"parameter": "limit"})
+        assert error_of(daemon, "ListEvents", since_usec=-1)[0] == invalid
+        assert error_of(daemon, "ListEvents", after_id=-1) == (invalid, {"parameter": "after_id"})
+        for event_id in (0, -1, 10**12):
+            assert error_of(daemon, "GetEvent", id=event_id) == (
+                f"{NAME}.EventNotFound", {"id": event_id})
+        # A known unit with nothing recorded: an empty answer, not an error.
+        context = call(daemon, "GetUnitContext", unit="web.service", window_usec=0)
+        assert context["events"] == [] and context["unit"] == "web.service"
+
+
+def test_it_stays_up_while_watching_unless_told_otherwise(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    with contextd(tmp_path / "a", [system], idle_timeout=0.3) as daemon:
+        time.sleep(1.2)
+        assert daemon.process.poll() is None, "exited on idle while watching"
+    configure(tmp_path / "b", [system], top="exit_on_idle = true")
+    with running("contextd", tmp_path / "b", idle_timeout=0.3) as daemon:
+        assert daemon.process.wait(5) == 0
+        assert_no_traceback(daemon.log_text())
+
+
+def test_a_bad_configuration_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "contextd.toml").write_text("[timeline]\nring_size = -3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "syntrop.contextd"], capture_output=True, text=True, timeout=30,
+        env=daemon_env(tmp_path, daemon_named("contextd")), check=False)
+    assert result.returncode == 1
+    assert "contextd.toml: ring_size must be an integer >= 1" in result.stderr
+    assert "Traceback" not in result.stderr
