@@ -21,7 +21,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.support import activated  # noqa: E402
 
+from bench.wire import Wire  # noqa: E402
 from syntrop.contextd import journal as slices  # noqa: E402
 from syntrop.contextd.store import Batch, Store  # noqa: E402
 from syntrop.contextd.timeline import Record  # noqa: E402
@@ -43,31 +43,6 @@ from syntrop.system import journal as journalctl  # noqa: E402
 
 S = 1_000_000
 NAME = "io.syntrop.Context1"
-
-
-class Wire:
-    """A minimal blocking Varlink client: one connection, one call at a time."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(path))
-        self.buffer = b""
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.sock.sendall(json.dumps({"method": method, "parameters": params}).encode() + b"\0")
-        while b"\0" not in self.buffer:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buffer += chunk
-        message, _, self.buffer = self.buffer.partition(b"\0")
-        reply: dict[str, Any] = json.loads(message)
-        if "error" in reply:
-            raise RuntimeError(f"{reply['error']}: {reply.get('parameters')}")
-        return reply.get("parameters", {})
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def percentile(values: list[float], fraction: float) -> float:

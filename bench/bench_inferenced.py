@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -35,35 +34,11 @@ sys.path.insert(0, str(REPO))
 from tests import fakesysfs  # noqa: E402
 from tests.support import activated  # noqa: E402
 
+from bench.wire import Wire  # noqa: E402
 from syntrop.inferenced.topology import choose, distance, scan  # noqa: E402
 from syntrop.system import cgroup  # noqa: E402
 
 GiB = 1 << 30
-
-
-class Wire:
-    """A minimal blocking Varlink client: one connection, one call at a time."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(path))
-        self.buffer = b""
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.sock.sendall(json.dumps({"method": method, "parameters": params}).encode() + b"\0")
-        while b"\0" not in self.buffer:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buffer += chunk
-        message, _, self.buffer = self.buffer.partition(b"\0")
-        reply: dict[str, Any] = json.loads(message)
-        if "error" in reply:
-            raise RuntimeError(reply)
-        return reply.get("parameters", {})
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 M = "io.syntrop.Inference1."

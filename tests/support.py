@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from syntrop.cli.launcher import DAEMONS, Daemon
+from syntrop.cli.launcher import DAEMONS, Daemon, daemon_environment
 
 REPO = Path(__file__).resolve().parent.parent
 INTERFACES = REPO / "interfaces"
@@ -37,17 +37,10 @@ class Activated:
 
 
 def environment(root: Path, daemon: Daemon) -> dict[str, str]:
-    env = {
-        "RUNTIME_DIRECTORY": str(root / "run"),
-        "STATE_DIRECTORY": str(root / "state" / daemon.program),
-        "CACHE_DIRECTORY": str(root / "cache" / daemon.program),
-        "CONFIGURATION_DIRECTORY": str(root / "config"),
-    }
-    for key, value in env.items():
-        if key != "RUNTIME_DIRECTORY":
-            os.makedirs(value, exist_ok=True)
-    os.makedirs(env["RUNTIME_DIRECTORY"], exist_ok=True)
-    return env
+    """The directories systemd would give `daemon`, under `root` (the dev
+    launcher's layout)."""
+    os.makedirs(root / "run", exist_ok=True)
+    return daemon_environment(root, daemon)
 
 
 @contextlib.contextmanager
