@@ -59,6 +59,10 @@ def contextd(root: Path, units: list[Path], *, top: str = "",
              idle_timeout: float = 0, **tables: dict[str, Any]) -> Iterator[Running]:
     configure(root, units, top=top, **tables)
     with running("contextd", root, idle_timeout=idle_timeout) as daemon:
+        # contextd answers at once and starts watching behind the first
+        # reply; GetStatus waits until it watches, as a client that is
+        # about to make changes would.
+        call(daemon, "GetStatus")
         yield daemon
         daemon.assert_healthy()
 

@@ -5,7 +5,11 @@ to the contract's types. Everything that reads files, logs or the journal
 lives in the domain modules (recorder, feeds, journal, shadow, …).
 """
 
+import asyncio
+import contextlib
 import logging
+import os
+import signal
 
 from syntrop.config import Paths
 from syntrop.contextd import journal, units
@@ -59,16 +63,26 @@ class ContextService(Context1):
         self.config = config or load(str(paths.configuration / "contextd.toml"))
         self.store = Store(paths.state / "contextd.db")
         self.recorder = Recorder(self.config, self.store)
+        self.starting: asyncio.Task[None]
 
     @classmethod
     async def open(cls, paths: Paths) -> "ContextService":
+        """Serve at once; the recorder's start (loading the ring, comparing
+        every watched file with its shadow) runs behind the first replies,
+        and every method that reads the timeline waits for it. Socket
+        activation pays for the start-up of the first call only when that
+        call needs the timeline."""
         service = cls(paths)
-        try:
-            await service.recorder.start()
-        except BaseException:
-            await service.aclose()
-            raise
+        service.starting = asyncio.get_running_loop().create_task(
+            service.recorder.start(), name="contextd-start"
+        )
+        service.starting.add_done_callback(_start_failed)
         return service
+
+    async def ready(self) -> None:
+        """Wait for the recorder's start; shielded, so a caller that goes
+        away does not cancel it for everyone."""
+        await asyncio.shield(self.starting)
 
     def keep_alive(self) -> bool:
         """Stay up while watching (unless exit_on_idle): a change made while
@@ -77,6 +91,10 @@ class ContextService(Context1):
         return self.recorder.keep_alive()
 
     async def aclose(self) -> None:
+        if not self.starting.done():
+            self.starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.starting
         await self.recorder.close()
         self.store.close()
 
@@ -91,6 +109,7 @@ class ContextService(Context1):
         include_diffs: bool | None = None,
         limit: int | None = None,
     ) -> UnitContext:
+        await self.ready()
         if not units.is_instance_or_plain(unit):
             raise InvalidUnitName(unit=unit)
         retention = self.config.retention_usec
@@ -129,6 +148,7 @@ class ContextService(Context1):
         self, *, since_usec: int | None = None, kind: str | None = None,
         limit: int | None = None, after_id: int | None = None,
     ) -> list[Event]:
+        await self.ready()
         if since_usec is not None and since_usec < 0:
             raise InvalidParameter(parameter="since_usec")
         if after_id is not None and after_id < 0:
@@ -144,6 +164,7 @@ class ContextService(Context1):
 
     @implements
     async def GetEvent(self, *, id: int) -> Event:
+        await self.ready()
         record = self.recorder.ring.get(id)
         if record is None:
             raise EventNotFound(id=id)
@@ -151,7 +172,8 @@ class ContextService(Context1):
         return _event(record, diff=diffs.get(id))
 
     @implements
-    def GetStatus(self) -> StatusResult:
+    async def GetStatus(self) -> StatusResult:
+        await self.ready()
         recorder = self.recorder
         return StatusResult(
             events=len(recorder.ring), ring_size=self.config.ring_size,
@@ -159,3 +181,12 @@ class ContextService(Context1):
             queue_overflows=recorder.counters.overflows,
             skipped_lines=recorder.counters.skipped, watched_paths=recorder.watcher.watched,
             shadow_bytes=recorder.shadow_total, fanotify=recorder.fanotify is not None)
+
+
+def _start_failed(task: "asyncio.Task[None]") -> None:
+    """A recorder that cannot start leaves nothing to serve: say why once
+    and stop the daemon (systemd restarts it or records the failure)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    logger.error("contextd cannot start recording: %s", task.exception())
+    os.kill(os.getpid(), signal.SIGTERM)
