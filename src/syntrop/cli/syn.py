@@ -152,6 +152,9 @@ def parser() -> argparse.ArgumentParser:
     from syntrop.cli import models
 
     models.register(commands)  # pull, list, show, rm, pin, unpin, prune
+    from syntrop.cli import run
+
+    run.register(commands)  # run, ps
     return top
 
 

