@@ -596,10 +596,46 @@ class InferenceService(Inference1):
 
     @implements
     async def StreamInference(self, *, model: str, prompt: str) -> AsyncIterator[str]:
-        if model not in self.models:
+        """Under an Interactive lease sized to the model, on the plane its
+        placement names, forward to runtimed's Complete (the model id is
+        the name modeld stores it under) and relay the text."""
+        registered = self.models.get(model)
+        if registered is None:
             raise ModelNotFound(model=model)
-        raise RuntimeUnavailable(reason="runtimed does not serve inference yet")
-        yield ""  # pragma: no cover - makes this a generator
+        if len(prompt) > 1 << 20:
+            raise InvalidParameter(parameter="prompt")
+        async with self.lock:
+            plane = self._best_plane("Interactive", registered.estimated_bytes)
+            (lease,) = await self._grant(
+                [(plane, registered.estimated_bytes)], priority="Interactive", unit=None,
+                pid=None,
+            )
+        try:
+            async for text in self._complete(model, prompt):
+                yield text
+        finally:
+            async with self.lock:
+                if lease.id in self.arbiter.leases:
+                    await self._release(lease.id)
+
+    async def _complete(self, model: str, prompt: str) -> AsyncIterator[str]:
+        from asyncvarlink import VarlinkErrorReply
+
+        from syntrop.interfaces.runtime import Runtime1
+        from syntrop.varlink.client import CallTimeout, connect
+
+        try:
+            client = await connect(Runtime1, address=self.paths.socket(Runtime1.name))
+        except (OSError, CallTimeout) as error:
+            raise RuntimeUnavailable(reason=f"cannot reach runtimed: {error}") from None
+        async with client:
+            try:
+                async for reply in client.Complete(model=model, prompt=prompt):
+                    yield reply["chunk"].text
+            except VarlinkErrorReply as error:
+                raise RuntimeUnavailable(reason=f"runtimed answered {error.name}") from None
+            except (OSError, CallTimeout) as error:
+                raise RuntimeUnavailable(reason=f"runtimed failed: {error}") from None
 
     @implements
     def AcquireBuffer(self, *, lease_id: str) -> AcquireBufferResult:
