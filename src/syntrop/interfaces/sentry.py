@@ -39,7 +39,8 @@ class Incident:
         id: Incident identifier.
         unit: The failed unit.
         detected_usec: When the failure signal arrived.
-        trigger: job_failed, job_timeout, job_dependency, state_failed or manual.
+        trigger: job_failed, job_timeout, job_dependency, state_failed, manual
+            or backoff_retry (a unit still failed when its backoff ran out).
         decision: The chosen action as a Tool1.Execute call, JSON.
         decided_by: model or rules (the deterministic fallback).
         result: healed, failed, breaker_open, ignored or in_progress.

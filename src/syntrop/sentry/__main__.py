@@ -6,7 +6,7 @@ def main() -> None:
     from syntrop.sentry.service import SentryService
     from syntrop.varlink.daemon import run
 
-    run("systemd-sentry", "io.syntrop.Sentry1", SentryService)
+    run("systemd-sentry", "io.syntrop.Sentry1", SentryService.create)
 
 
 if __name__ == "__main__":

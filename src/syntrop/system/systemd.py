@@ -232,3 +232,66 @@ class Systemd:
                 yield JobResult(job=path, unit=name, result=result)
         finally:
             slot.close()
+
+
+# Unit state changes (sentry) ---------------------------------------------------
+
+UNIT_PATH_PREFIX = PATH + "/unit/"
+
+
+def unit_name_from_path(path: str) -> str | None:
+    """The unit name of a unit object path (systemd escapes every byte that
+    is not [A-Za-z0-9] as _XX); None for other paths."""
+    if not path.startswith(UNIT_PATH_PREFIX):
+        return None
+    escaped = path[len(UNIT_PATH_PREFIX):]
+    out = bytearray()
+    i = 0
+    while i < len(escaped):
+        if escaped[i] == "_" and _is_hex(escaped[i + 1:i + 3]):
+            out.append(int(escaped[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += escaped[i].encode()
+            i += 1
+    return out.decode(errors="replace")
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+async def watch_units(systemd: Systemd, on_job: Any, on_state: Any) -> list[Any]:
+    """Subscribe and call on_job(JobResult) for every JobRemoved and
+    on_state(unit, active_state) for every Unit ActiveState change, from
+    the bus callback (so they must not block). Returns the match slots; close
+    them to stop. The matches are registered before Subscribe, so nothing
+    emitted after this returns is missed."""
+
+    def job(message: Any) -> None:
+        contents = message.get_contents()
+        on_job(JobResult(job=str(contents[1]), unit=str(contents[2]), result=str(contents[3])))
+
+    def changed(message: Any) -> None:
+        contents = message.get_contents()
+        if len(contents) < 2 or contents[0] != UNIT:
+            return
+        value = contents[1].get("ActiveState")
+        if value is None:
+            return
+        state = value[1] if isinstance(value, tuple) else value
+        unit = unit_name_from_path(str(message.path))
+        if unit is not None:
+            on_state(unit, str(state))
+
+    bus = systemd._bus
+    try:
+        slots = [
+            await bus.match_signal_async(DESTINATION, PATH, MANAGER, "JobRemoved", job),
+            await bus.match_signal_async(DESTINATION, None, PROPERTIES, "PropertiesChanged",
+                                         changed),
+        ]
+    except Exception as error:
+        raise SystemdError(f"cannot watch units: {error}", _error_name(error)) from None
+    await systemd.subscribe()
+    return slots

@@ -1,0 +1,167 @@
+"""The supervisor: failure signals in, incidents out.
+
+Design note: signals arrive from the D-Bus callback and must never block
+it, so `offer()` is a put_nowait into a bounded queue (a full queue drops
+the signal and counts it). One consumer task triages one unit at a time, in
+arrival order; a unit already queued or being triaged is not queued twice.
+The breaker is consulted and charged around each triage and persisted with
+the incident, before anyone can read either.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from syntrop.sentry import breaker
+from syntrop.sentry.config import Config
+from syntrop.sentry.pipeline import IncidentRecord, Phases, new_id, triage
+from syntrop.sentry.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signal:
+    unit: str
+    trigger: str
+    detected_usec: int
+
+
+class Supervisor:
+    def __init__(self, store: Store, phases: Phases, config: Config,
+                 clock: Callable[[], int],
+                 on_change: Callable[[], None] | None = None,
+                 still_failed: Callable[[str], Awaitable[bool]] | None = None) -> None:
+        self.store = store
+        self.phases = phases
+        self.config = config
+        self.clock = clock
+        self.on_change = on_change or (lambda: None)
+        self.queue: asyncio.Queue[Signal] = asyncio.Queue(config.queue)
+        self.pending: set[str] = set()
+        self.dropped = 0
+        self.triaging = 0
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        #: Asked before a backoff retry: is the unit still failed? (None:
+        #: never retry; a unit that stays failed makes no new signal.)
+        self.still_failed = still_failed
+        self._retries: dict[str, asyncio.TimerHandle] = {}
+        self._checks: set[asyncio.Task[None]] = set()
+        #: Set when a signal was taken off the queue (for benches: the
+        #: moment triage starts).
+        self.started: Callable[[Signal], None] = lambda _: None
+
+    def offer(self, signal: Signal) -> bool:
+        """Queue a failure for triage, without waiting. False when ignored,
+        already pending, or the queue is full."""
+        if self.config.ignored(signal.unit) or signal.unit in self.pending:
+            return False
+        try:
+            self.queue.put_nowait(signal)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            logger.warning("triage queue full, dropping %s, ignoring", signal.unit)
+            return False
+        self.pending.add(signal.unit)
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._consume())
+
+    async def close(self) -> None:
+        for handle in self._retries.values():
+            handle.cancel()
+        self._retries.clear()
+        for check in list(self._checks):
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await check
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _consume(self) -> None:
+        while True:
+            signal = await self.queue.get()
+            self.started(signal)
+            try:
+                incident = await self.triage(signal.unit, signal.trigger,
+                                             signal.detected_usec)
+            except Exception:
+                logger.exception("triage of %s failed", signal.unit)
+            else:
+                if incident.result != "healed":
+                    await self._schedule_retry(signal.unit)
+            finally:
+                self.pending.discard(signal.unit)
+
+    async def _schedule_retry(self, unit: str) -> None:
+        """CrashLoopBackOff: a unit left failed is tried again when its
+        breaker lets the next attempt through; never once it needs a human."""
+        if self.still_failed is None or unit in self._retries:
+            return
+        now = self.clock()
+        verdict = breaker.check(await self.store.breaker(unit), now, self.config.policy)
+        if verdict.state == "needs_human":
+            return
+        delay = max(verdict.open_until_usec - now, 0) / 1e6
+        loop = asyncio.get_running_loop()
+        self._retries[unit] = loop.call_later(delay, self._retry, unit)
+
+    def _retry(self, unit: str) -> None:
+        self._retries.pop(unit, None)
+        task = asyncio.create_task(self._retry_if_failed(unit))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _retry_if_failed(self, unit: str) -> None:
+        assert self.still_failed is not None
+        try:
+            failed = await self.still_failed(unit)
+        except Exception as error:
+            logger.info("cannot tell whether %s is still failed (%s), ignoring", unit, error)
+            return
+        if failed:
+            self.offer(Signal(unit=unit, trigger="backoff_retry", detected_usec=self.clock()))
+
+    async def triage(self, unit: str, trigger: str, detected_usec: int) -> IncidentRecord:
+        """Triage one unit now: breaker, pipeline, persistence."""
+        async with self._lock:
+            self.triaging += 1
+            self.on_change()
+            try:
+                return await self._triage(unit, trigger, detected_usec)
+            finally:
+                self.triaging -= 1
+                self.on_change()
+
+    async def _triage(self, unit: str, trigger: str, detected_usec: int) -> IncidentRecord:
+        policy = self.config.policy
+        now = self.clock()
+        state = await self.store.breaker(unit)
+        verdict = breaker.check(state, now, policy)
+        if not verdict.allowed:
+            await self.store.put_breaker(breaker.record_refused(state, now, policy))
+            incident = await triage(unit, trigger, phases=self.phases,
+                                    budgets=self.config.budgets, clock=self.clock,
+                                    detected_usec=detected_usec, breaker_open=True)
+            await self.store.put_incident(incident)
+            return incident
+        await self.store.put_breaker(breaker.record_attempt(state, now, policy))
+        ident = new_id()
+        await self.store.put_incident(IncidentRecord(
+            id=ident, unit=unit, detected_usec=detected_usec, trigger=trigger,
+            decision=None, decided_by=None, result="in_progress", phases=[],
+            summary=f"{unit}: {trigger}; triage in progress"))
+        incident = await triage(unit, trigger, phases=self.phases,
+                                budgets=self.config.budgets, clock=self.clock,
+                                detected_usec=detected_usec,
+                                recent_usec=self.config.recent_usec, incident_id=ident)
+        await self.store.put_incident(incident)
+        logger.info("%s", incident.summary)
+        return incident

@@ -1,0 +1,184 @@
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from syntrop.sentry.pipeline import (
+    Budgets,
+    Executed,
+    Facts,
+    IncidentRecord,
+    Phases,
+    parse_decision,
+    triage,
+)
+from syntrop.sentry.rules import Change, Decision
+
+S = 1_000_000
+MS = 1_000
+FAIL = 1_000_000 * S
+FAST = Budgets(context_usec=50 * MS, lease_usec=50 * MS, decide_usec=50 * MS,
+               execute_usec=50 * MS, verify_usec=50 * MS, release_usec=50 * MS)
+
+
+class Clock:
+    """Fake clock: every reading advances 1 ms, so durations are exact."""
+
+    def __init__(self) -> None:
+        self.now = FAIL
+
+    def __call__(self) -> int:
+        self.now += MS
+        return self.now
+
+
+class Fakes:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.executed: list[Decision] = []
+        self.released: list[str] = []
+        self.changes: list[Change] = []
+        self.active = True
+
+    async def context(self, unit: str, failure_usec: int) -> Facts:
+        self.calls.append("context")
+        return Facts(failure_usec=failure_usec, changes=self.changes)
+
+    async def lease(self, unit: str) -> str:
+        self.calls.append("lease")
+        return "lease-1"
+
+    async def decide(self, unit: str, facts: Facts) -> Decision:
+        self.calls.append("decide")
+        return Decision(tool="unit_restart", parameters={"unit": unit})
+
+    async def execute(self, decision: Decision) -> Executed:
+        self.calls.append("execute")
+        self.executed.append(decision)
+        return Executed(outcome="succeeded")
+
+    async def verify(self, unit: str) -> bool:
+        self.calls.append("verify")
+        return self.active
+
+    async def release(self, lease_id: str) -> None:
+        self.calls.append("release")
+        self.released.append(lease_id)
+
+    def phases(self, **override: Callable[..., Awaitable[Any]]) -> Phases:
+        base: dict[str, Callable[..., Awaitable[Any]]] = dict(
+            context=self.context, lease=self.lease, decide=self.decide,
+            execute=self.execute, verify=self.verify, release=self.release)
+        base.update(override)
+        return Phases(**base)
+
+
+async def _hang(*_: object) -> Any:
+    await asyncio.sleep(3600)
+
+
+async def _fail(*_: object) -> Any:
+    raise ConnectionRefusedError("no such daemon")
+
+
+def run(phases: Phases, **kwargs: Any) -> IncidentRecord:
+    return asyncio.run(triage("a.service", "job_failed", phases=phases, budgets=FAST,
+                              clock=Clock(), detected_usec=FAIL, **kwargs))
+
+
+def outcomes(incident: IncidentRecord) -> dict[str, str]:
+    return {p.name: p.outcome for p in incident.phases}
+
+
+def test_pipeline_all_phases_ok_model_decides() -> None:
+    fakes = Fakes()
+    incident = run(fakes.phases())
+    assert fakes.calls == ["context", "lease", "decide", "execute", "verify", "release"]
+    assert incident.decided_by == "model" and incident.result == "healed"
+    assert set(outcomes(incident).values()) == {"ok"}
+    assert all(p.duration_usec == MS for p in incident.phases)
+    assert json.loads(incident.decision or "") == {
+        "tool": "unit_restart", "parameters": {"unit": "a.service"}}
+
+
+def test_pipeline_decide_timeout_falls_back_to_rules_and_releases() -> None:
+    fakes = Fakes()
+    fakes.changes = [Change(kind="dropin", timestamp_usec=FAIL - S, unit="a.service",
+                            path="/etc/systemd/system/a.service.d/bad.conf")]
+    incident = run(fakes.phases(decide=_hang))
+    assert outcomes(incident)["decide"] == "timeout"
+    assert incident.decided_by == "rules"
+    assert fakes.executed[0].tool == "revert_dropin"
+    assert fakes.released == ["lease-1"]
+    assert incident.result == "healed"
+
+
+def test_pipeline_every_daemon_missing_rules_decide_nothing_healed() -> None:
+    incident = run(Phases(context=_fail, lease=_fail, decide=_fail, execute=_fail,
+                          verify=_fail, release=_fail))
+    assert outcomes(incident) == {"context": "failed", "lease": "failed",
+                                  "decide": "skipped", "execute": "failed",
+                                  "verify": "skipped", "release": "skipped"}
+    assert incident.decided_by == "rules" and incident.result == "failed"
+    assert json.loads(incident.decision or "")["tool"] == "unit_restart"
+    assert "ConnectionRefusedError" in incident.phases[0].detail
+
+
+def test_pipeline_model_unavailable_is_visible() -> None:
+    fakes = Fakes()
+    incident = run(fakes.phases(decide=_fail))
+    assert outcomes(incident)["decide"] == "failed"
+    assert incident.decided_by == "rules"
+    assert "rules chose unit_restart" in incident.summary
+
+
+def test_pipeline_context_overrun_still_decides() -> None:
+    fakes = Fakes()
+    incident = run(fakes.phases(context=_hang, decide=_fail))
+    assert outcomes(incident)["context"] == "timeout"
+    assert incident.phases[0].detail == "over its budget of 50 ms"
+    assert fakes.executed[0].tool == "unit_restart"
+
+
+def test_pipeline_unit_not_active_after_action_fails() -> None:
+    fakes = Fakes()
+    fakes.active = False
+    assert run(fakes.phases()).result == "failed"
+
+
+def test_pipeline_breaker_open_runs_nothing() -> None:
+    fakes = Fakes()
+    incident = run(fakes.phases(), breaker_open=True)
+    assert fakes.calls == []
+    assert incident.result == "breaker_open" and incident.decision is None
+    assert set(outcomes(incident).values()) == {"skipped"}
+
+
+def test_pipeline_hard_budget_bounds_wall_time() -> None:
+    loop_time: list[float] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await triage("a.service", "manual", phases=Phases(
+            context=_hang, lease=_hang, decide=_hang, execute=_hang, verify=_hang,
+            release=_hang), budgets=FAST, clock=Clock(), detected_usec=FAIL)
+        loop_time.append(loop.time() - start)
+
+    asyncio.run(scenario())
+    # context, lease, execute overrun (decide/verify/release skipped): ~150 ms
+    assert loop_time[0] < 0.5
+
+
+@pytest.mark.parametrize("text", ["", "restart it", "[1]", '{"tool": 3}',
+                                  '{"tool": "x", "parameters": []}'])
+def test_parse_decision_rejects_non_calls(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_decision(text)
+
+
+def test_parse_decision_accepts_call() -> None:
+    decision = parse_decision('{"tool": "unit_restart", "parameters": {"unit": "a.service"}}')
+    assert decision.tool == "unit_restart"
