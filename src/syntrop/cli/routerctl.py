@@ -1,15 +1,20 @@
 """routerctl: operate routerd through io.syntrop.Router1.
 
-    routerctl status     uptime, ingress, memory, pressure, totals
-
-Commands answer with routerd's own error while it does not implement them.
+    routerctl status                 uptime, ingress, memory, pressure, totals
+    routerctl providers              configured providers and their health
+    routerctl test PROVIDER          probe a provider now
+    routerctl models                 reachable models, aliases, default
+    routerctl route MODEL [--explain] [--prompt-tokens N]
+                                     how a request would be routed
+    routerctl reload                 re-read routerd.toml and model lists
 """
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any
+
+MIB = 1024 * 1024
 
 
 async def _call(method: str, **params: Any) -> Any:
@@ -20,31 +25,111 @@ async def _call(method: str, **params: Any) -> Any:
         return await getattr(router, method)(**params)
 
 
+def _uptime(usec: int) -> str:
+    minutes = usec // 60_000_000
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {usec // 1_000_000 % 60}s"
+
+
+def format_status(status: dict[str, Any], varlink: str) -> str:
+    some = status["memory_some"]
+    return "\n".join([
+        "● routerd.service - Intelligent Model Router and Wire Protocol Gateway",
+        f"Status: OPERATIONAL (Uptime: {_uptime(status['uptime_usec'])})",
+        f"Wire Ingress: {', '.join(status['ingress']) or 'none'}",
+        f"Varlink IPC: {varlink}",
+        f"Memory RSS: {status['rss_bytes'] / MIB:.2f} MiB (MemoryHigh: 24M, MemoryMax: 32M)",
+        f"Kernel PSI: Memory {some:.1f}% some ({'high' if some > 25 else 'normal'})",
+        f"Providers: {status['providers_total']} configured, "
+        f"{status['providers_healthy']} healthy",
+        f"Total Reqs: {status['requests_total']} served "
+        f"({status['routing_errors']} routing errors)",
+    ])
+
+
+def format_providers(providers: list[Any]) -> str:
+    rows = [("PROVIDER ID", "KIND", "TIER", "STATUS", "WEIGHT", "LATENCY", "MODELS")]
+    for p in providers:
+        latency = "-" if p.latency_ms is None else f"{p.latency_ms:.1f}ms"
+        rows.append((p.id, p.kind, p.tier, p.status.upper(), f"{p.weight:.1f}", latency,
+                     ", ".join(p.models)))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    return "\n".join(" ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True))
+                     + " " + row[6] for row in rows)
+
+
+def format_models(models: dict[str, Any]) -> str:
+    lines = ["Connected Model", *models["models"],
+             "Only connected provider models are listed. Routing aliases",
+             f"({', '.join(models['aliases'])})",
+             "stay valid request targets and still appear in route and /v1/models."]
+    if models["default_model"]:
+        lines.append(f"default → {models['default_model']}")
+    return "\n".join(lines)
+
+
+def format_route(candidates: list[Any], explain: bool) -> str:
+    if not explain:
+        best = candidates[0]
+        return f"{best.provider} / {best.model}"
+    lines = ["ROUTING DECISION CANDIDATES:"]
+    for index, c in enumerate(candidates, 1):
+        lines.append(f"{index}. {c.provider} / {c.model} [SCORE: {c.score:.1f}] "
+                     f"Speed: {c.speed:.1f} Cost: {c.cost:.1f} Cap: {c.capability:.1f}"
+                     + (" (Selected)" if c.selected else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     top = argparse.ArgumentParser(prog="routerctl", description="Operate routerd.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("status", help="routerd's status")
     commands.add_parser("providers", help="configured providers")
+    test = commands.add_parser("test", help="probe a provider now")
+    test.add_argument("provider")
     commands.add_parser("models", help="reachable models")
+    route = commands.add_parser("route", help="how a request would be routed")
+    route.add_argument("model")
+    route.add_argument("--explain", action="store_true", help="print every candidate")
+    route.add_argument("--prompt-tokens", type=int, default=None)
     commands.add_parser("reload", help="re-read the configuration")
     args = top.parse_args(argv)
-    method = {
-        "status": "GetStatus",
-        "providers": "ListProviders",
-        "models": "ListModels",
-        "reload": "Reload",
-    }[args.command]
     from asyncvarlink import VarlinkErrorReply
 
+    from syntrop.config import paths
+    from syntrop.interfaces.router import NAME
+
     try:
-        result = asyncio.run(_call(method))
+        if args.command == "status":
+            print(format_status(asyncio.run(_call("GetStatus")), str(paths().socket(NAME))))
+        elif args.command == "providers":
+            print(format_providers(asyncio.run(_call("ListProviders"))["providers"]))
+        elif args.command == "test":
+            print(f"[TEST] Probing provider '{args.provider}'...")
+            result = asyncio.run(_call("TestProvider", provider=args.provider))
+            mark = "OK" if result["ok"] else "FAIL"
+            print(f"[{mark}] {result['detail']} in {result['latency_ms']:.1f}ms.")
+            if not result["ok"]:
+                sys.exit(1)
+        elif args.command == "models":
+            print(format_models(asyncio.run(_call("ListModels"))))
+        elif args.command == "route":
+            candidates = asyncio.run(_call("Route", model=args.model,
+                                           prompt_tokens=args.prompt_tokens))["candidates"]
+            print(format_route(candidates, args.explain))
+        else:
+            asyncio.run(_call("Reload"))
+            print("routerd reloaded its configuration.")
     except VarlinkErrorReply as error:
-        print(f"routerctl: routerd answered {error.name}", file=sys.stderr)
+        detail = ", ".join(f"{k}: {v}" for k, v in error.paramstojson().items())
+        print(f"routerctl: routerd answered {error.name}" + (f" ({detail})" if detail else ""),
+              file=sys.stderr)
         sys.exit(1)
     except OSError as error:
         print(f"routerctl: cannot reach routerd: {error}", file=sys.stderr)
         sys.exit(1)
-    print(json.dumps(result, default=str, indent=2))
 
 
 if __name__ == "__main__":

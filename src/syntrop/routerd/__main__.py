@@ -6,7 +6,7 @@ def main() -> None:
     from syntrop.routerd.service import RouterService
     from syntrop.varlink.daemon import run
 
-    run("routerd", "io.syntrop.Router1", RouterService)
+    run("routerd", "io.syntrop.Router1", RouterService.open)
 
 
 if __name__ == "__main__":

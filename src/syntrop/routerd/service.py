@@ -1,15 +1,151 @@
-"""The Varlink face of routerd: io.syntrop.Router1.
+"""The Varlink face of routerd (io.syntrop.Router1) and the owner of its
+HTTP ingress: `RouterService.open` loads routerd.toml and starts the
+listeners; `keep_alive` keeps the daemon up while it serves HTTP."""
 
-Methods not implemented here answer org.varlink.service.MethodNotImplemented
-(inherited from the contract) until their issue lands.
-"""
+import asyncio
+import logging
+import time
 
-from syntrop.config import Paths
-from syntrop.interfaces.router import Router1
+from syntrop.config import ConfigError, Paths
+from syntrop.interfaces.router import (
+    Candidate,
+    ConfigInvalid,
+    ModelsResult,
+    NoRoute,
+    Provider,
+    ProviderNotFound,
+    Router1,
+    StatusResult,
+    TestResult,
+)
+from syntrop.routerd import config as routerconfig
+from syntrop.routerd import scoring
+from syntrop.routerd.gateway import DISCOVERY_TIMEOUT, Gateway
+from syntrop.routerd.http import HTTPServer
+from syntrop.routerd.providers import ProviderError
+from syntrop.varlink import implements
+
+logger = logging.getLogger(__name__)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _memory_some() -> float:
+    try:
+        with open("/proc/pressure/memory") as pressure:
+            for line in pressure:
+                if line.startswith("some"):
+                    return float(line.split()[1].partition("=")[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 class RouterService(Router1):
     """Routes OpenAI-style requests between providers."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, config: routerconfig.Config | None = None) -> None:
         self.paths = paths
+        self.path = paths.configuration / "routerd.toml"
+        self.config = config or routerconfig.Config(listen=())
+        self.gateway = Gateway(self.config, paths)
+        self.http = HTTPServer(self.gateway, self.config)
+        self.started = time.monotonic()
+
+    @classmethod
+    async def open(cls, paths: Paths) -> "RouterService":
+        """Load the configuration and start the HTTP listeners. A broken
+        file is an error at start (systemd shows it); at Reload it is not."""
+        service = cls(paths, routerconfig.load(paths.configuration / "routerd.toml"))
+        await service.http.start(service.config.listen)
+        await service.gateway.discover()
+        logger.info("HTTP on %s", ", ".join(service.http.addresses) or "nothing")
+        return service
+
+    def keep_alive(self) -> bool:
+        """Stay while HTTP clients are connected or came since the last idle
+        check: Varlink idleness alone must not end the HTTP ingress."""
+        active, self.http.active = self.http.active, False
+        return self.http.connections > 0 or active
+
+    async def aclose(self) -> None:
+        await self.http.close()
+
+    @implements
+    def GetStatus(self) -> StatusResult:
+        healthy = sum(1 for h in self.gateway.health.values() if h.status() != "cooling")
+        return StatusResult(
+            uptime_usec=int((time.monotonic() - self.started) * 1_000_000),
+            ingress=list(self.http.addresses),
+            rss_bytes=_rss_bytes(),
+            memory_some=_memory_some(),
+            providers_total=len(self.config.providers),
+            providers_healthy=healthy,
+            requests_total=self.gateway.requests_total,
+            routing_errors=self.gateway.routing_errors,
+        )
+
+    @implements
+    def ListProviders(self) -> list[Provider]:
+        result = []
+        for provider in self.gateway.effective():
+            health = self.gateway.health[provider.id]
+            latency = None if health.latency_ms is None else round(health.latency_ms, 2)
+            result.append(Provider(
+                id=provider.id, kind=provider.kind, tier=provider.tier, status=health.status(),
+                weight=provider.weight, latency_ms=latency, models=list(provider.models)))
+        return result
+
+    @implements
+    def ListModels(self) -> ModelsResult:
+        return ModelsResult(models=[m for m, _ in self.gateway.models()],
+                            aliases=list(scoring.ALIASES),
+                            default_model=self.gateway.default_model())
+
+    @implements
+    def Route(self, *, model: str, prompt_tokens: int | None = None) -> list[Candidate]:
+        scored = self.gateway.route(model, prompt_tokens)
+        if not scored:
+            known = model in scoring.ALIASES or any(m == model for m, _ in self.gateway.models())
+            raise NoRoute(model=model, reason="no provider fits the prompt" if known
+                          else "no provider serves this model")
+        return [Candidate(provider=s.provider, model=s.model, score=s.score, speed=s.speed,
+                          cost=s.cost, capability=s.capability, selected=index == 0)
+                for index, s in enumerate(scored)]
+
+    @implements
+    async def TestProvider(self, *, provider: str) -> TestResult:
+        target = self.gateway.providers.get(provider)
+        if target is None:
+            raise ProviderNotFound(provider=provider)
+        started = time.monotonic()
+        try:
+            models = await asyncio.wait_for(target.list_models(), DISCOVERY_TIMEOUT)
+        except (ProviderError, TimeoutError) as failure:
+            return TestResult(ok=False, latency_ms=round((time.monotonic() - started) * 1000, 2),
+                              detail=str(failure) or "no answer in time")
+        latency = (time.monotonic() - started) * 1000
+        return TestResult(ok=True, latency_ms=round(latency, 2),
+                          detail=f"answered with {len(models)} model(s)")
+
+    @implements
+    async def Reload(self) -> None:
+        try:
+            config = routerconfig.load(self.path)
+        except ConfigError as error:
+            raise ConfigInvalid(path=str(self.path), reason=str(error)) from None
+        # Listeners stay as they are; requests in flight keep their provider
+        # objects, new ones get the new set.
+        self.config = config
+        self.http.config = config
+        self.gateway.apply(config)
+        await self.gateway.discover()

@@ -1,0 +1,171 @@
+"""HTTP/1.1 ingress (h11 on asyncio streams): TCP and Unix listeners,
+body cap, header and body timeouts."""
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+
+import h11
+
+from syntrop.routerd.config import Config, parse_address
+from syntrop.routerd.gateway import Gateway, Response, error
+
+logger = logging.getLogger(__name__)
+
+READ_SIZE = 65536
+MAX_HEADER_BYTES = 16384
+REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+           408: b"Request Timeout", 413: b"Content Too Large", 502: b"Bad Gateway",
+           504: b"Gateway Timeout"}
+
+
+class _Closed(Exception):
+    """The client went away."""
+
+
+class HTTPServer:
+    def __init__(self, gateway: Gateway, config: Config) -> None:
+        self.gateway = gateway
+        self.config = config
+        self.servers: list[asyncio.Server] = []
+        self.addresses: list[str] = []
+        self.connections = 0
+        #: Set by every connection; cleared by RouterService.keep_alive.
+        self.active = False
+
+    async def start(self, addresses: tuple[str, ...]) -> None:
+        for text in addresses:
+            where = parse_address(text)
+            try:
+                if isinstance(where, str):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(where)
+                    server = await asyncio.start_unix_server(self._serve, path=where)
+                    self.addresses.append(f"unix:{where}")
+                else:
+                    server = await asyncio.start_server(self._serve, where[0], where[1],
+                                                        reuse_address=True)
+                    for sock in server.sockets:
+                        host, port = sock.getsockname()[:2]
+                        self.addresses.append(
+                            f"[{host}]:{port}" if sock.family == socket.AF_INET6
+                            else f"{host}:{port}")
+            except OSError as failure:
+                logger.warning("cannot listen on %s: %s", text, failure.strerror or failure)
+                continue
+            self.servers.append(server)
+
+    async def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1)
+        self.servers = []
+
+    async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader) -> object:
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await reader.read(READ_SIZE)
+            conn.receive_data(data)
+
+    async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader
+                            ) -> tuple[h11.Request, bytes] | Response | None:
+        async with asyncio.timeout(self.config.header_timeout or None):
+            request = await self._next(conn, reader)
+        if not isinstance(request, h11.Request):
+            return None
+        cap = self.config.max_body_bytes
+        for name, value in request.headers:
+            if name == b"content-length" and int(value) > cap:
+                return error(413, f"the request body is over {cap} bytes", "request_too_large")
+        parts: list[bytes] = []
+        size = 0
+        async with asyncio.timeout(self.config.body_timeout or None):
+            while True:
+                event = await self._next(conn, reader)
+                if isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > cap:
+                        return error(413, f"the request body is over {cap} bytes",
+                                     "request_too_large")
+                    parts.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    return None
+        return request, b"".join(parts)
+
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter,
+                    response: Response, close: bool) -> None:
+        headers = [(b"content-type", response.content_type.encode()),
+                   (b"server", b"routerd")]
+        if close:
+            headers.append((b"connection", b"close"))
+        if response.stream is None:
+            headers.append((b"content-length", str(len(response.body)).encode()))
+        else:
+            headers.append((b"cache-control", b"no-cache"))
+        writer.write(conn.send(h11.Response(status_code=response.status, headers=headers,
+                                            reason=REASONS.get(response.status, b""))) or b"")
+        if response.stream is None:
+            writer.write((conn.send(h11.Data(data=response.body)) or b"")
+                         + (conn.send(h11.EndOfMessage()) or b""))
+            await writer.drain()
+            return
+        stream = response.stream
+        try:
+            async for chunk in stream:
+                writer.write(conn.send(h11.Data(data=chunk)) or b"")
+                await writer.drain()
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.active = True
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        try:
+            while True:
+                try:
+                    got = await self._read_request(conn, reader)
+                except TimeoutError:
+                    if conn.our_state is h11.SEND_RESPONSE or (
+                            conn.their_state is h11.SEND_BODY):
+                        await self._send(conn, writer, error(408, "request too slow"), True)
+                    break
+                except h11.RemoteProtocolError as bad:
+                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        await self._send(conn, writer, error(400, f"malformed HTTP: {bad}"),
+                                         True)
+                    break
+                except ValueError:
+                    await self._send(conn, writer, error(400, "malformed HTTP"), True)
+                    break
+                if got is None:
+                    break
+                if isinstance(got, Response):
+                    await self._send(conn, writer, got, True)
+                    break
+                request, body = got
+                try:
+                    response = await self.gateway.handle(
+                        request.method.decode(), request.target.decode("latin-1"), body)
+                except Exception:  # never let a request take the daemon down
+                    logger.exception("request failed")
+                    response = error(502, "internal error")
+                await self._send(conn, writer, response, False)
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    break
+                conn.start_next_cycle()
+        except (OSError, h11.LocalProtocolError, h11.RemoteProtocolError):
+            pass
+        finally:
+            self.connections -= 1
+            writer.close()

@@ -1,0 +1,222 @@
+"""An OpenAI-compatible HTTP upstream (vLLM, llama-server, ollama, remote
+APIs) through a small h11 client on asyncio streams: keep-alive connections
+reused (a few kept idle per provider), server-sent events relayed chunk by
+chunk."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+
+from syntrop.routerd.config import ProviderConfig
+from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.sse import SSEParser
+
+#: The most of an upstream's non-streamed answer routerd holds.
+MAX_RESPONSE_BYTES = 16 << 20
+READ_SIZE = 65536
+#: Idle keep-alive connections kept per provider.
+MAX_IDLE = 8
+
+_Pair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Exchange:
+    """One request and its response on a fresh connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 timeout: float, idle: list[_Pair]) -> None:
+        self.reader, self.writer, self.timeout = reader, writer, timeout
+        self.conn = h11.Connection(h11.CLIENT)
+        self.status = 0
+        self.idle = idle
+
+    async def event(self) -> Any:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as error:
+                raise ProviderError(502, f"upstream sent a malformed response: {error}") from None
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), self.timeout)
+            except TimeoutError:
+                raise ProviderError(504, "upstream did not answer in time") from None
+            except OSError as error:
+                raise ProviderError(502, f"upstream connection failed: {error}") from None
+            self.conn.receive_data(data)
+
+    async def body(self) -> AsyncIterator[bytes]:
+        while True:
+            event = await self.event()
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ProviderError(502, "upstream closed the connection mid-response")
+
+    async def read_all(self) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        async for part in self.body():
+            size += len(part)
+            if size > MAX_RESPONSE_BYTES:
+                raise ProviderError(502, "upstream response too large")
+            parts.append(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Back to the idle pool when the exchange ended cleanly and both
+        sides keep the connection; closed otherwise."""
+        if (self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+                and len(self.idle) < MAX_IDLE and not self.writer.is_closing()):
+            self.idle.append((self.reader, self.writer))
+        else:
+            self.writer.close()
+
+
+class OpenAIProvider:
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        url = urlsplit(config.endpoint)
+        self.tls = url.scheme == "https"
+        self.host = url.hostname or "127.0.0.1"
+        self.port = url.port or (443 if self.tls else 80)
+        self.base = url.path.rstrip("/") or "/v1"
+        self.authority = url.netloc.encode()
+        self.idle: list[_Pair] = []
+
+    async def _open(self, method: str, path: str, body: bytes | None) -> _Exchange:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if writer.is_closing() or reader.at_eof():
+                writer.close()
+                continue
+            try:
+                return await self._send(_Exchange(reader, writer, self.config.timeout,
+                                                  self.idle), method, path, body)
+            except ProviderError as failure:
+                if failure.status == 504:
+                    raise
+                # The upstream closed the idle connection: a fresh one.
+        timeout = self.config.timeout
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None),
+                timeout)
+        except TimeoutError:
+            raise ProviderError(504, "upstream did not accept a connection in time") from None
+        except OSError as error:
+            raise ProviderError(502, f"upstream unreachable: {error.strerror or error}") from None
+        return await self._send(_Exchange(reader, writer, timeout, self.idle),
+                                method, path, body)
+
+    async def _send(self, exchange: _Exchange, method: str, path: str,
+                    body: bytes | None) -> _Exchange:
+        writer = exchange.writer
+        headers = [(b"host", self.authority), (b"user-agent", b"syntrop-routerd"),
+                   (b"accept", b"application/json, text/event-stream")]
+        if self.config.api_key:
+            headers.append((b"authorization", b"Bearer " + self.config.api_key.encode()))
+        if body is not None:
+            headers += [(b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())]
+        conn = exchange.conn
+        out = conn.send(h11.Request(method=method, target=(self.base + path).encode(),
+                                    headers=headers)) or b""
+        if body:
+            out += conn.send(h11.Data(data=body)) or b""
+        out += conn.send(h11.EndOfMessage()) or b""
+        try:
+            writer.write(out)
+            await writer.drain()
+            while True:
+                event = await exchange.event()
+                if isinstance(event, h11.Response):
+                    exchange.status = event.status_code
+                    return exchange
+                if isinstance(event, h11.ConnectionClosed):
+                    raise ProviderError(502, "upstream closed the connection without answering")
+        except OSError as error:
+            writer.close()
+            raise ProviderError(502, f"upstream connection failed: {error}") from None
+        except BaseException:
+            exchange.writer.close()
+            raise
+
+    async def _failed(self, exchange: _Exchange) -> ProviderError:
+        text = (await exchange.read_all())[:4096].decode("utf-8", "replace")
+        message = text
+        try:
+            decoded = json.loads(text)
+            message = decoded["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        if exchange.status >= 500 or exchange.status in (401, 403, 408, 429):
+            return ProviderError(502, f"upstream answered {exchange.status}: {message}")
+        return ProviderError(exchange.status, str(message), retryable=False)
+
+    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        payload = json.dumps({**body, "stream": False}).encode()
+        exchange = await self._open("POST", "/" + endpoint, payload)
+        try:
+            if exchange.status != 200:
+                raise await self._failed(exchange)
+            raw = await exchange.read_all()
+        finally:
+            exchange.close()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise ProviderError(502, "upstream answered something that is not JSON") from None
+        if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+            raise ProviderError(502, "upstream answered JSON without choices")
+        return answer
+
+    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
+        payload = json.dumps({**body, "stream": True}).encode()
+        exchange = await self._open("POST", "/" + endpoint, payload)
+        try:
+            if exchange.status != 200:
+                raise await self._failed(exchange)
+            parser = SSEParser()
+            async for part in exchange.body():
+                try:
+                    events = parser.feed(part)
+                except ValueError as error:
+                    raise ProviderError(502, str(error)) from None
+                for data in events:
+                    if data.strip() == "[DONE]":
+                        async for _ in exchange.body():  # to its end: reusable
+                            pass
+                        return
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise ProviderError(502, "upstream sent non-JSON data") from None
+                    if not isinstance(chunk, dict):
+                        raise ProviderError(502, "upstream sent an event that is not an object")
+                    if "error" in chunk:
+                        raise ProviderError(502, f"upstream failed: {chunk['error']}")
+                    yield data
+            raise ProviderError(502, "upstream ended the stream without [DONE]")
+        finally:
+            exchange.close()
+
+    async def list_models(self) -> list[str]:
+        exchange = await self._open("GET", "/models", None)
+        try:
+            if exchange.status != 200:
+                raise await self._failed(exchange)
+            raw = await exchange.read_all()
+        finally:
+            exchange.close()
+        try:
+            return [str(entry["id"]) for entry in json.loads(raw)["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise ProviderError(502, "upstream's model list is malformed") from None

