@@ -212,11 +212,6 @@ def test_wrong_parameter_type_names_the_parameter(
     inferenced.assert_healthy()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: asyncvarlink converts JSON true/false to int and float (bool is an int "
-    "in Python), so a boolean passes as a number; sd-varlink refuses it",
-)
 def test_boolean_for_an_int_is_invalid_parameter(inferenced: Running) -> None:
     # The priority is bad too, so that the call cannot succeed meanwhile.
     parameters = {**LEASE, "priority": "NoSuchPriority", "memory_bytes": True}

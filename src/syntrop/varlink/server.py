@@ -48,7 +48,17 @@ from asyncvarlink import (
     VarlinkMethodCall,
     VarlinkMethodSignature,
 )
-from asyncvarlink.conversion import ConversionError, FileDescriptorVarlinkType
+from asyncvarlink.conversion import (
+    ConversionError,
+    DataclassVarlinkType,
+    DictVarlinkType,
+    FileDescriptorVarlinkType,
+    ListVarlinkType,
+    ObjectVarlinkType,
+    OptionalVarlinkType,
+    SimpleVarlinkType,
+    VarlinkType,
+)
 from asyncvarlink.serviceinterface import InvalidParameter
 from asyncvarlink.types import FileDescriptorArray
 
@@ -260,6 +270,9 @@ class _Connection:
             except ConversionError as error:
                 where = str(error.location[0]) if error.location else "parameters"
                 raise InvalidParameter(parameter=where) from None
+            stray = _boolean_as_number(signature.parameter_type, call.parameters)
+            if stray is not None:
+                raise InvalidParameter(parameter=stray)
         except VarlinkErrorReply as error:
             release()
             if not call.oneway:
@@ -468,6 +481,39 @@ class _Connection:
             self.task.cancel()
         self.sock.close()
         self.server.connection_closed(self)
+
+
+def _stray_boolean(vtype: VarlinkType, value: Any) -> bool:
+    """Whether `value` holds a JSON boolean where `vtype` wants a number.
+
+    asyncvarlink converts true/false to int and float (bool is an int in
+    Python); sd-varlink refuses them, and so do we. Reads asyncvarlink's
+    type objects (pinned version)."""
+    if isinstance(vtype, OptionalVarlinkType):
+        return value is not None and _stray_boolean(vtype._vtype, value)
+    if isinstance(vtype, SimpleVarlinkType):
+        return isinstance(value, bool) and vtype.as_varlink in ("int", "float")
+    if isinstance(vtype, ListVarlinkType):
+        return isinstance(value, list) and any(_stray_boolean(vtype._elttype, v) for v in value)
+    if isinstance(vtype, DictVarlinkType):
+        return isinstance(value, dict) and any(
+            _stray_boolean(vtype._elttype, v) for v in value.values()
+        )
+    if isinstance(vtype, ObjectVarlinkType | DataclassVarlinkType):
+        typemap = vtype._typemap
+        return isinstance(value, dict) and any(
+            key in typemap and _stray_boolean(typemap[key], v) for key, v in value.items()
+        )
+    return False
+
+
+def _boolean_as_number(ptype: ObjectVarlinkType, parameters: dict[str, Any]) -> str | None:
+    """The first parameter carrying a boolean where a number belongs."""
+    typemap = ptype._typemap
+    for key, value in parameters.items():
+        if key in typemap and _stray_boolean(typemap[key], value):
+            return key
+    return None
 
 
 class Server:

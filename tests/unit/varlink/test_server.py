@@ -253,6 +253,23 @@ def test_fd_parameter_without_fd_is_invalid_parameter() -> None:
     run(main())
 
 
+def test_boolean_where_a_number_belongs_is_invalid_parameter() -> None:
+    async def main() -> None:
+        server, path, _ = await serve()
+        client = await connect(path)
+        reply = await client.call("io.syntrop.Probe1.Memfd", size=True)
+        assert reply == {
+            "error": "org.varlink.service.InvalidParameter",
+            "parameters": {"parameter": "size"},
+        }
+        reply = await client.call("io.syntrop.Probe1.Sleep", seconds=False)
+        assert reply["parameters"] == {"parameter": "seconds"}
+        client.sock.close()
+        await server.close()
+
+    run(main())
+
+
 def test_unexpected_exception_answers_generic_error_without_internals() -> None:
     async def main() -> None:
         server, path, _ = await serve()
