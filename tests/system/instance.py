@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -527,6 +527,29 @@ class Instance:
         return self.run(
             ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit], check=False
         ).stdout
+
+    def call(self, interface: str, method: str, timeout: float = 60, **params: Any) -> Any:
+        """Call a daemon of the instance through its activated socket with
+        python-varlink's client, on a socket of ours that has a timeout:
+        python-varlink's own sockets block forever (it calls
+        setblocking(True), so socket.setdefaulttimeout does not reach them),
+        and a daemon that never answers must fail the test, not hang it."""
+        import socket
+
+        import varlink
+
+        path = str(self.host_path(f"/run/syntrop/{interface}"))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            with (
+                varlink.Client(address=f"unix:{path}") as client,
+                client.open(interface, connection=sock) as proxy,
+            ):
+                return getattr(proxy, method)(**params)
+        finally:
+            sock.close()
 
     def write(self, inside: str, text: str) -> None:
         """Write a file through the instance (never behind the overlay's back)."""

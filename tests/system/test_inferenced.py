@@ -3,13 +3,11 @@ EmergencyTriage lease freezing the cgroup of a transient unit that holds a
 Batch lease, then thawing it on release."""
 
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import varlink
 
 from tests.system.instance import Instance, wait_until
 
@@ -22,16 +20,7 @@ def address(instance: Instance) -> str:
 
 
 def call(instance: Instance, method: str, **params: Any) -> Any:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
-    sock.connect(str(instance.host_path(f"/run/syntrop/{NAME}")))
-    # python-varlink's client ignores default timeouts; hand it a socket
-    # that has one, so a hung daemon fails the test instead of the run.
-    with (
-        varlink.Client(address=address(instance)) as client,
-        client.open(NAME, connection=sock) as proxy,
-    ):
-        return getattr(proxy, method)(**params)
+    return instance.call(NAME, method, **params)
 
 
 def test_get_topology_through_varlinkctl_has_the_seed_shape(

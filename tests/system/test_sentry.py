@@ -8,13 +8,11 @@ a crash loop opens the breaker after its cap and nothing more is done; a
 unit on the ignore list is left alone."""
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import varlink
 
 from tests.system.instance import Instance, wait_until
 
@@ -32,17 +30,8 @@ TOOLD_CONFIG = "[timeouts]\nhealth_window_sec = 2\njob_sec = 20\n"
 
 
 def call(instance: Instance, method: str, interface: str = NAME, **params: Any) -> Any:
-    address = f"unix:{instance.host_path(f'/run/syntrop/{interface}')}"
-    with varlink.Client(address=address) as client, client.open(interface) as proxy:
-        return getattr(proxy, method)(**params)
+    return instance.call(interface, method, **params)
 
-
-@pytest.fixture(autouse=True)
-def _socket_timeout() -> Iterator[None]:
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(60)
-    yield
-    socket.setdefaulttimeout(previous)
 
 
 @pytest.fixture(scope="module")

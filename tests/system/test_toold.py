@@ -10,7 +10,6 @@ result; an unauthorized uid is refused."""
 
 import concurrent.futures
 import json
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,9 +41,7 @@ GOOD = "[Service]\nEnvironment=SYNTROP_PROBE=fine\n"
 
 
 def call(instance: Instance, method: str, interface: str = NAME, **params: Any) -> Any:
-    address = f"unix:{instance.host_path(f'/run/syntrop/{interface}')}"
-    with varlink.Client(address=address) as client, client.open(interface) as proxy:
-        return getattr(proxy, method)(**params)
+    return instance.call(interface, method, **params)
 
 
 def execute(instance: Instance, tool: str, **parameters: Any) -> Any:
@@ -56,14 +53,6 @@ def error_of(instance: Instance, tool: str, **parameters: Any) -> tuple[str, dic
         execute(instance, tool, **parameters)
     return caught.value.error(), caught.value.parameters()
 
-
-@pytest.fixture(autouse=True)
-def _socket_timeout() -> Iterator[None]:
-    """A daemon that never answers fails the test instead of hanging it."""
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(60)
-    yield
-    socket.setdefaulttimeout(previous)
 
 
 @pytest.fixture(scope="module")
