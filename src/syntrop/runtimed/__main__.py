@@ -1,8 +1,19 @@
 """runtimed: start-up only. Imports stay inside main() so socket activation
-pays for nothing it does not use."""
+pays for nothing it does not use.
+
+`runtimed verify MODEL_PATH …` checks a model file with the numpy oracle
+(syntrop.runtimed.oracle.cli) instead of serving; every other command line
+starts the daemon, as before."""
+
+import sys
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["verify"]:
+        from syntrop.runtimed.oracle.cli import main as verify
+
+        sys.exit(verify(sys.argv[2:]))
+
     from syntrop.runtimed.service import RuntimeService
     from syntrop.varlink.daemon import run
 

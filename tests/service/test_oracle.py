@@ -1,0 +1,104 @@
+"""The differential oracle against llama.cpp on real files: the tiny model
+in every stored type, over a sequence of its whole vocabulary, and the first
+tokens of SmolLM2; a deliberately wrong forward pass is caught; and the
+`runtimed verify` command's exit codes and messages."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from syntrop.runtimed.oracle import forward
+from syntrop.runtimed.oracle.compare import format_report, verify
+from tests import tinymodel
+from tests.models import require_llama, smollm2
+
+require_llama()
+
+VOCAB = list(range(len(tinymodel.vocabulary()[0])))
+
+
+@pytest.mark.parametrize("qtype", tinymodel.QTYPES)
+def test_tiny_model_agrees_on_every_token(tmp_path_factory: pytest.TempPathFactory,
+                                          qtype: str) -> None:
+    report = verify(tinymodel.build(tmp_path_factory, qtype), VOCAB, threads=2)
+    assert report.ok, format_report(report, verbose=True)
+    assert len(report.positions) == len(VOCAB)
+    assert report.top1_checked >= len(VOCAB) // 2
+    if qtype in ("F32", "F16"):
+        assert report.tolerance == 0.01 and report.max_relative < 0.005
+
+
+def test_smollm2_first_tokens_agree() -> None:
+    report = verify(smollm2(), count=16, threads=2)
+    assert report.ok, format_report(report, verbose=True)
+    assert len(report.tokens) == 16 and report.types.get("Q4_1")
+    assert report.top1_checked >= 4
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q4_K"])
+@pytest.mark.parametrize("bug", ["rope", "heads"])
+def test_a_wrong_forward_pass_disagrees(tmp_path_factory: pytest.TempPathFactory,
+                                        monkeypatch: pytest.MonkeyPatch, qtype: str,
+                                        bug: str) -> None:
+    right_rope = forward.rope
+
+    def reordered_rope(x: np.ndarray, positions: np.ndarray, config: forward.Config) -> np.ndarray:
+        # rotate (i, i + n_rot/2) pairs instead of adjacent ones
+        n = config.n_rot
+        order = np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
+        inverse = np.argsort(order)
+        y = x.copy()
+        y[..., :n] = x[..., :n][..., inverse]
+        out = right_rope(y, positions, config)
+        out[..., :n] = out[..., :n][..., order]
+        return out
+
+    def tiled(x: np.ndarray, config: forward.Config) -> np.ndarray:
+        # query head j reading KV head j % n_kv instead of j // group
+        return np.concatenate([x] * (config.n_head // config.n_head_kv), axis=1)
+
+    monkeypatch.setattr(forward, *(("rope", reordered_rope) if bug == "rope"
+                                   else ("expand_kv", tiled)))
+    report = verify(tinymodel.build(tmp_path_factory, qtype), VOCAB[:64], threads=2)
+    assert not report.ok
+    assert report.max_relative > 5 * report.tolerance
+
+
+def runtimed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "syntrop.runtimed", *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_verify_command(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    tiny = tinymodel.build(tmp_path_factory, "Q8_0")
+    done = runtimed("verify", str(tiny), "--all-tokens", "--threads", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "agree"
+    assert "380 tokens" in done.stdout
+    done = runtimed("verify", str(tiny), "--tokens", "8", "--tolerance", "1e-12", "-v")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == "DISAGREE"
+    assert len([line for line in done.stdout.splitlines() if line.startswith("  ")]) == 9
+
+
+def test_verify_command_bad_input(tmp_path: Path) -> None:
+    done = runtimed("verify", str(tmp_path / "missing.gguf"))
+    assert done.returncode == 2 and "no such file" in done.stderr
+    assert "Traceback" not in done.stderr
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\0" * 10)
+    done = runtimed("verify", str(junk))
+    assert done.returncode == 2 and str(junk) in done.stderr
+    assert "Traceback" not in done.stderr
+    done = runtimed("verify")
+    assert done.returncode == 2 and "usage: runtimed verify" in done.stderr
+    done = runtimed("verify", str(junk), "--tokens", "0")
+    assert done.returncode == 2 and "--tokens" in done.stderr
+
+
+def test_runtimed_without_verify_is_the_daemon() -> None:
+    done = runtimed("--help")
+    assert done.returncode == 0 and "--idle-timeout" in done.stdout
