@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""routerd against a fast loopback upstream: added latency and requests/s.
+"""routerd against a fast loopback upstream, side by side with baselines
+measured in the same run: added latency, requests/s, CPU per request, RSS
+idle and after --requests requests, and start to first 200.
 
 A minimal OpenAI-style upstream (asyncio + h11, fixed answers) runs in its
-own process; routerd runs as `python -m syntrop.routerd` with one openai
-provider pointing at it. One client process measures, on keep-alive
-connections:
+own process. In front of it, one process at a time:
 
-  direct   POST /v1/chat/completions to the upstream
-  routed   the same through routerd (non-streamed, and time to first SSE
-           chunk streamed)
+  minimal  a bare asyncio + h11 relay (no routing, no checks): the floor of
+           this design on this machine
+  routerd  `python -m syntrop.routerd` with one openai provider
+  litellm  LiteLLM proxy (1 worker), where its bench-only venv exists
+           (python3 -m venv /tmp/litellm-venv &&
+            /tmp/litellm-venv/bin/pip install 'litellm[proxy]');
+           skipped with a message otherwise
 
-then requests/s through routerd with --clients client processes.
+One client process measures added latency against calling the upstream
+directly (non-streamed, and time to the first SSE chunk streamed) on
+keep-alive connections; then --clients client processes send --requests
+requests for requests/s and the RSS after them.
 
-    python bench/bench_routerd.py [--requests 2000] [--clients 4]
+    python bench/bench_routerd.py [--samples 1000] [--requests 10000] [--clients 4]
 """
 
 import argparse
@@ -26,7 +33,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+KEY = "sk-bench"
+HEADERS = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+LITELLM_VENV = Path("/tmp/litellm-venv")
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 STREAM = json.dumps({"model": "m", "stream": True,
                      "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -81,6 +92,63 @@ async def main():
 asyncio.run(main())
 '''
 
+#: A bare relay: the floor for asyncio + h11 on this machine.
+MINIMAL = r"""
+import asyncio, sys
+import h11
+UP = int(sys.argv[2])
+async def relay(reader, writer):
+    conn = h11.Connection(h11.SERVER)
+    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", UP)
+    try:
+        while True:
+            request, body = None, b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    return
+            client = h11.Connection(h11.CLIENT)
+            up_writer.write(client.send(h11.Request(method="POST", target=request.target,
+                headers=[("host", "up"), ("content-type", "application/json"),
+                         ("content-length", str(len(body)))]))
+                + client.send(h11.Data(data=body)) + client.send(h11.EndOfMessage()))
+            while True:
+                event = client.next_event()
+                if event is h11.NEED_DATA:
+                    client.receive_data(await up_reader.read(65536))
+                elif isinstance(event, h11.Response):
+                    headers = [(k, v) for k, v in event.headers if k != b"content-length"]
+                    out = conn.send(h11.Response(status_code=event.status_code, headers=headers))
+                elif isinstance(event, h11.Data):
+                    writer.write(out + conn.send(h11.Data(data=event.data)))
+                    out = b""
+                elif isinstance(event, h11.EndOfMessage):
+                    writer.write(out + conn.send(h11.EndOfMessage()))
+                    break
+            await writer.drain()
+            conn.start_next_cycle()
+    except Exception:
+        pass
+    finally:
+        up_writer.close()
+        writer.close()
+async def main():
+    server = await asyncio.start_server(relay, "127.0.0.1", int(sys.argv[1]))
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
 
 def _free_port() -> int:
     import socket
@@ -95,8 +163,7 @@ def _timed(port: int, body: bytes, count: int, first_chunk: bool = False) -> lis
     times = []
     for _ in range(count):
         started = time.perf_counter()
-        connection.request("POST", "/v1/chat/completions", body=body,
-                           headers={"content-type": "application/json"})
+        connection.request("POST", "/v1/chat/completions", body=body, headers=HEADERS)
         response = connection.getresponse()
         if first_chunk:
             response.read1(65536)
@@ -105,21 +172,19 @@ def _timed(port: int, body: bytes, count: int, first_chunk: bool = False) -> lis
         else:
             response.read()
             times.append(time.perf_counter() - started)
-        assert response.status == 200
+        assert response.status == 200, response.status
     connection.close()
     return times
 
 
-def _load(port: int, seconds: float, results: "multiprocessing.Queue[int]") -> None:
+def _load(port: int, count: int, results: "multiprocessing.Queue[int]") -> None:
     connection = http.client.HTTPConnection("127.0.0.1", port)
-    done = 0
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        connection.request("POST", "/v1/chat/completions", body=BODY,
-                           headers={"content-type": "application/json"})
-        connection.getresponse().read()
-        done += 1
-    results.put(done)
+    for _ in range(count):
+        connection.request("POST", "/v1/chat/completions", body=BODY, headers=HEADERS)
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+    results.put(count)
 
 
 def _percentiles(times: list[float]) -> tuple[float, float]:
@@ -127,70 +192,148 @@ def _percentiles(times: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99)] * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
-    up_port, router_port = _free_port(), _free_port()
-    with tempfile.TemporaryDirectory() as root:
-        config = Path(root) / "config"
-        config.mkdir()
-        (Path(root) / "run").mkdir()
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _first_200(port: int, started: float, process: subprocess.Popen[bytes],
+               limit: float = 120) -> float:
+    """Seconds from `started` (the spawn) to the first 200 of a chat request."""
+    while True:
+        try:
+            _timed(port, BODY, 1)
+            return time.perf_counter() - started
+        except (OSError, AssertionError, http.client.HTTPException):
+            if process.poll() is not None or time.perf_counter() - started > limit:
+                raise RuntimeError("the proxy did not answer") from None
+            time.sleep(0.002)
+
+
+def _spawn(name: str, port: int, up_port: int, root: Path) -> subprocess.Popen[bytes] | None:
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if name == "minimal":
+        return subprocess.Popen([sys.executable, "-c", MINIMAL, str(port), str(up_port)],
+                                **quiet)
+    if name == "routerd":
+        config = root / "config"
+        config.mkdir(exist_ok=True)
+        (root / "run").mkdir(exist_ok=True)
         (config / "routerd.toml").write_text(
-            f'[http]\nlisten = ["127.0.0.1:{router_port}"]\n[[providers]]\nid = "up"\n'
+            f'[http]\nlisten = ["127.0.0.1:{port}"]\n[[providers]]\nid = "up"\n'
             f'kind = "openai"\nendpoint = "http://127.0.0.1:{up_port}/v1"\nmodels = ["m"]\n')
         env = {**os.environ, "CONFIGURATION_DIRECTORY": str(config),
-               "RUNTIME_DIRECTORY": str(Path(root) / "run"), "SYNTROP_IDLE_TIMEOUT": "0"}
-        upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)],
-                                    stdout=subprocess.PIPE)
-        router = subprocess.Popen([sys.executable, "-m", "syntrop.routerd"], env=env,
-                                  stderr=subprocess.DEVNULL)
+               "RUNTIME_DIRECTORY": str(root / "run"), "SYNTROP_IDLE_TIMEOUT": "0"}
+        return subprocess.Popen([sys.executable, "-m", "syntrop.routerd"], env=env, **quiet)
+    program = LITELLM_VENV / "bin" / "litellm"
+    if not program.exists():
+        print(f"litellm: skipped, no bench venv at {LITELLM_VENV} (python3 -m venv "
+              f"{LITELLM_VENV} && {LITELLM_VENV}/bin/pip install 'litellm[proxy]')")
+        return None
+    (root / "litellm.yaml").write_text(
+        "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
+        f"      api_base: http://127.0.0.1:{up_port}/v1\n      api_key: unused\n")
+    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+    env.update(LITELLM_MASTER_KEY=KEY, LITELLM_LOCAL_MODEL_COST_MAP="True",
+               LITELLM_TELEMETRY="False")
+    return subprocess.Popen([str(program), "--config", str(root / "litellm.yaml"),
+                             "--port", str(port), "--num_workers", "1"], env=env, **quiet)
+
+
+def measure(name: str, up_port: int, args: argparse.Namespace,
+            direct: tuple[float, float], direct_s: tuple[float, float]) -> dict[str, float] | None:
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as root:
+        started = time.perf_counter()
+        process = _spawn(name, port, up_port, Path(root))
+        if process is None:
+            return None
         try:
-            assert upstream.stdout is not None
-            upstream.stdout.readline()
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    _timed(router_port, BODY, 1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-            _timed(up_port, BODY, 200)
-            _timed(router_port, BODY, 200)
-            direct = _percentiles(_timed(up_port, BODY, args.requests))
-            routed = _percentiles(_timed(router_port, BODY, args.requests))
-            direct_s = _percentiles(_timed(up_port, STREAM, args.requests, True))
-            routed_s = _percentiles(_timed(router_port, STREAM, args.requests, True))
+            first = _first_200(port, started, process)
+            time.sleep(1)
+            idle = _rss_mib(process.pid)
+            _timed(port, BODY, 100)
+            cpu = _cpu_s(process.pid)
+            plain = _percentiles(_timed(port, BODY, args.samples))
+            cpu_per_request = (_cpu_s(process.pid) - cpu) / args.samples
+            streamed = _percentiles(_timed(port, STREAM, args.samples, True))
             results: multiprocessing.Queue[int] = multiprocessing.Queue()
-            clients = [multiprocessing.Process(target=_load,
-                                               args=(router_port, args.seconds, results))
+            share = args.requests // args.clients
+            clients = [multiprocessing.Process(target=_load, args=(port, share, results))
                        for _ in range(args.clients)]
+            began = time.perf_counter()
             for client in clients:
                 client.start()
             total = sum(results.get() for _ in clients)
+            elapsed = time.perf_counter() - began
             for client in clients:
                 client.join()
-            rss = next(line.split()[1] for line in
-                       Path(f"/proc/{router.pid}/status").read_text().splitlines()
-                       if line.startswith("VmRSS:"))
+            after = _rss_mib(process.pid)
         finally:
-            router.terminate()
-            upstream.terminate()
-            router.wait()
-            upstream.wait()
-    print(f"non-streamed  direct p50 {direct[0]:.3f} ms p99 {direct[1]:.3f} ms; "
-          f"routed p50 {routed[0]:.3f} ms p99 {routed[1]:.3f} ms; "
-          f"added p50 {routed[0] - direct[0]:.3f} ms p99 {routed[1] - direct[1]:.3f} ms")
-    print(f"first chunk   direct p50 {direct_s[0]:.3f} ms p99 {direct_s[1]:.3f} ms; "
-          f"routed p50 {routed_s[0]:.3f} ms p99 {routed_s[1]:.3f} ms; "
-          f"added p50 {routed_s[0] - direct_s[0]:.3f} ms p99 {routed_s[1] - direct_s[1]:.3f} ms")
-    print(f"throughput    {total / args.seconds:.0f} requests/s through routerd "
-          f"({args.clients} clients)")
-    print(f"routerd VmRSS {int(rss) / 1024:.1f} MiB after the run")
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    row = {"first_200_ms": first * 1000, "rss_idle": idle, "rss_after": after,
+           "served": 100 + 2 * args.samples + total + 1,
+           "added_p50": plain[0] - direct[0], "added_p99": plain[1] - direct[1],
+           "added_s_p50": streamed[0] - direct_s[0], "added_s_p99": streamed[1] - direct_s[1],
+           "rps": total / elapsed, "cpu_us": cpu_per_request * 1e6}
+    print(f"{name:8} first 200 {row['first_200_ms']:7.0f} ms | added p50/p99 "
+          f"{row['added_p50']:.3f}/{row['added_p99']:.3f} ms, first chunk "
+          f"{row['added_s_p50']:.3f}/{row['added_s_p99']:.3f} ms | {row['rps']:6.0f} req/s "
+          f"({args.clients} clients) | CPU {row['cpu_us']:5.0f} us/req | RSS idle "
+          f"{idle:.1f} MiB, after {int(row['served'])} requests {after:.1f} MiB", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--samples", type=int, default=1000,
+                        help="sequential requests per latency figure")
+    parser.add_argument("--requests", type=int, default=10000,
+                        help="requests of the throughput phase (RSS is read after them)")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--only", nargs="*", default=["minimal", "routerd", "litellm"])
+    args = parser.parse_args()
+    up_port = _free_port()
+    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)],
+                                stdout=subprocess.PIPE)
+    rows: dict[str, dict[str, float]] = {}
+    try:
+        assert upstream.stdout is not None
+        upstream.stdout.readline()
+        _timed(up_port, BODY, 200)
+        direct = _percentiles(_timed(up_port, BODY, args.samples))
+        direct_s = _percentiles(_timed(up_port, STREAM, args.samples, True))
+        print(f"direct   p50/p99 {direct[0]:.3f}/{direct[1]:.3f} ms, first chunk "
+              f"{direct_s[0]:.3f}/{direct_s[1]:.3f} ms", flush=True)
+        for name in args.only:
+            row = measure(name, up_port, args, direct, direct_s)
+            if row is not None:
+                rows[name] = row
+    finally:
+        upstream.terminate()
+        upstream.wait()
+    if "routerd" in rows:
+        ours = rows["routerd"]
+        for name in ("minimal", "litellm"):
+            if name in rows:
+                other = rows[name]
+                print(f"routerd vs {name}: {ours['rps'] / other['rps']:.2f}x requests/s, "
+                      f"CPU per request {ours['cpu_us']:.0f} vs {other['cpu_us']:.0f} us, "
+                      f"added p50 {ours['added_p50']:.3f} vs {other['added_p50']:.3f} ms, "
+                      f"RSS {ours['rss_after']:.1f} vs {other['rss_after']:.1f} MiB, "
+                      f"first 200 {ours['first_200_ms']:.0f} vs {other['first_200_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

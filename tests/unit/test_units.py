@@ -76,10 +76,16 @@ def test_one_socket_and_one_service_per_daemon_and_nothing_else() -> None:
     assert {path.name for path in UNITS.iterdir()} == expected
 
 
+ROUTERD_HTTP = ["127.0.0.1:32768", "[::1]:32768", "/run/syntrop/router.sock"]
+
+
 @pytest.mark.parametrize("daemon", DAEMONS, ids=lambda d: d.program)
 def test_socket_unit(daemon: Daemon) -> None:
     unit = parse(UNITS / f"{daemon.program}.socket")
-    assert one(unit, "Socket", "ListenStream") == f"/run/syntrop/{daemon.interface}"
+    listen = values(unit, "Socket", "ListenStream")
+    assert listen[0] == f"/run/syntrop/{daemon.interface}"
+    # routerd's socket unit also carries its HTTP ingress (docs/routerd.md).
+    assert listen[1:] == (ROUTERD_HTTP if daemon.program == "routerd" else [])
     assert one(unit, "Socket", "FileDescriptorName") == "varlink"
     assert one(unit, "Socket", "SocketMode") == "0666"
     assert values(unit, "Socket", "Accept") in ([], ["no"])

@@ -33,8 +33,10 @@ def _uptime(usec: int) -> str:
     return f"{minutes}m {usec // 1_000_000 % 60}s"
 
 
-def format_status(status: dict[str, Any], varlink: str) -> str:
+def format_status(status: dict[str, Any], varlink: str,
+                  healthy: list[str] | None = None) -> str:
     some = status["memory_some"]
+    names = f" ({', '.join(healthy)})" if healthy else ""
     return "\n".join([
         "● routerd.service - Intelligent Model Router and Wire Protocol Gateway",
         f"Status: OPERATIONAL (Uptime: {_uptime(status['uptime_usec'])})",
@@ -43,7 +45,7 @@ def format_status(status: dict[str, Any], varlink: str) -> str:
         f"Memory RSS: {status['rss_bytes'] / MIB:.2f} MiB (MemoryHigh: 24M, MemoryMax: 32M)",
         f"Kernel PSI: Memory {some:.1f}% some ({'high' if some > 25 else 'normal'})",
         f"Providers: {status['providers_total']} configured, "
-        f"{status['providers_healthy']} healthy",
+        f"{status['providers_healthy']} healthy{names}",
         f"Total Reqs: {status['requests_total']} served "
         f"({status['routing_errors']} routing errors)",
     ])
@@ -78,7 +80,10 @@ def format_route(candidates: list[Any], explain: bool) -> str:
     for index, c in enumerate(candidates, 1):
         lines.append(f"{index}. {c.provider} / {c.model} [SCORE: {c.score:.1f}] "
                      f"Speed: {c.speed:.1f} Cost: {c.cost:.1f} Cap: {c.capability:.1f}"
-                     + (" (Selected)" if c.selected else ""))
+                     + (" (Selected)" if c.selected else "")
+                     + (" (Cooling)" if getattr(c, "cooling", False) else "")
+                     + (" (Throttled: local under pressure)" if getattr(c, "throttled", False)
+                        else ""))
     return "\n".join(lines)
 
 
@@ -103,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if args.command == "status":
-            print(format_status(asyncio.run(_call("GetStatus")), str(paths().socket(NAME))))
+            status = asyncio.run(_call("GetStatus"))
+            providers = asyncio.run(_call("ListProviders"))["providers"]
+            print(format_status(status, str(paths().socket(NAME)),
+                                [p.id for p in providers if p.status != "cooling"]))
         elif args.command == "providers":
             print(format_providers(asyncio.run(_call("ListProviders"))["providers"]))
         elif args.command == "test":

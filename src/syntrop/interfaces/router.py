@@ -22,6 +22,9 @@ class Provider:
         weight: Configured weight, 0 to 1.
         latency_ms: Latency EWMA; null before the first request.
         models: Models it serves.
+        rtt_ms: A LAN peer's advertised round-trip time; null otherwise.
+        free_accelerator_bytes: A LAN peer's advertised free accelerator
+            memory; null when unknown.
     """
 
     id: str
@@ -31,6 +34,8 @@ class Provider:
     weight: float
     latency_ms: float | None
     models: list[str]
+    rtt_ms: float | None = None
+    free_accelerator_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +50,8 @@ class Candidate:
         cost: Cost score.
         capability: Capability score.
         selected: Whether this candidate would be chosen.
+        cooling: Its circuit breaker is open (or probed by another request).
+        throttled: Local, and demoted by memory pressure or no free slots.
     """
 
     provider: str
@@ -54,6 +61,8 @@ class Candidate:
     cost: float
     capability: float
     selected: bool
+    cooling: bool = False
+    throttled: bool = False
 
 
 class StatusResult(TypedDict):

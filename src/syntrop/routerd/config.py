@@ -9,7 +9,8 @@ from typing import Any
 from syntrop.config import ConfigError
 
 DEFAULT_LISTEN = ("127.0.0.1:32768", "[::1]:32768")
-KINDS = ("openai", "runtimed")
+KINDS = ("openai", "runtimed", "peer")
+DEFAULT_TIER = {"runtimed": "local", "peer": "lan", "openai": "remote"}
 TIERS = ("local", "lan", "remote")
 
 
@@ -28,6 +29,11 @@ class ProviderConfig:
     context_window: int = 8192
     api_key: str | None = field(default=None, repr=False)
     timeout: float = 60.0
+    #: https endpoints: CA file (default: the system's), client certificate
+    #: and key (mutual TLS, LAN peers).
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +41,26 @@ class Config:
     """The whole file, validated."""
 
     listen: tuple[str, ...] = DEFAULT_LISTEN
+    #: HTTPS listeners for LAN peers: mutual TLS, clients need a
+    #: certificate signed by tls_client_ca.
+    tls_listen: tuple[str, ...] = ()
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
     max_body_bytes: int = 1 << 20
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     default_model: str | None = None
     providers: tuple[ProviderConfig, ...] = ()
+    #: Seconds a request may wait for a cooling candidate or a queue slot.
+    deadline: float = 30.0
+    #: Memory PSI (some avg10, percent) above which local work is offloaded.
+    psi_threshold: float = 25.0
+    #: Where memory PSI is read: the host's, or a cgroup's memory.pressure.
+    psi_file: str = "/proc/pressure/memory"
+    #: Requests at providers at once; `triage_reserved` of them for triage.
+    max_inflight: int = 256
+    triage_reserved: int = 8
 
 
 def parse_address(text: str) -> tuple[str, int] | str:
@@ -60,6 +81,13 @@ def _number(table: dict[str, Any], key: str, default: float, where: str) -> floa
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ConfigError(f"{where}: {key} must be a non-negative number")
     return float(value)
+
+
+def _string(table: dict[str, Any], key: str, default: str, where: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: {key} must be a non-empty string")
+    return value
 
 
 def _credential(name: str, where: str) -> str:
@@ -85,6 +113,21 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
             parse_address(address)
         except ValueError as error:
             raise ConfigError(f"{path}: http.listen: {error}") from None
+    tls_listen = http.get("tls_listen", [])
+    if not isinstance(tls_listen, list) or not all(isinstance(a, str) for a in tls_listen):
+        raise ConfigError(f"{path}: http.tls_listen must be a list of strings")
+    for address in tls_listen:
+        try:
+            if isinstance(parse_address(address), str):
+                raise ValueError(f"TLS is for TCP addresses: {address!r}")
+        except ValueError as error:
+            raise ConfigError(f"{path}: http.tls_listen: {error}") from None
+    tls_files = {name: http.get(name, "") for name in ("tls_cert", "tls_key", "tls_client_ca")}
+    if not all(isinstance(value, str) for value in tls_files.values()):
+        raise ConfigError(f"{path}: http.tls_cert, tls_key, tls_client_ca must be file paths")
+    if tls_listen and not (tls_files["tls_cert"] and tls_files["tls_client_ca"]):
+        raise ConfigError(f"{path}: http.tls_listen needs tls_cert (and tls_key) and "
+                          "tls_client_ca: peers authenticate both ways")
     providers: list[ProviderConfig] = []
     seen: set[str] = set()
     tables = data.get("providers", [])
@@ -100,18 +143,26 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         seen.add(ident)
         if kind not in KINDS:
             raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}")
-        tier = table.get("tier", "local" if kind == "runtimed" else "remote")
+        tier = table.get("tier", DEFAULT_TIER[kind])
         if tier not in TIERS:
             raise ConfigError(f"{where}: tier must be one of {', '.join(TIERS)}")
         models = table.get("models", [])
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise ConfigError(f"{where}: models must be a list of strings")
         endpoint = table.get("endpoint", table.get("address", ""))
-        if not isinstance(endpoint, str) or (kind == "openai" and not endpoint):
-            raise ConfigError(f"{where}: endpoint must be a string (required for openai)")
+        if not isinstance(endpoint, str) or (kind != "runtimed" and not endpoint):
+            raise ConfigError(f"{where}: endpoint must be a string (required for {kind})")
         weight = _number(table, "weight", 1.0, where)
         if weight > 1:
             raise ConfigError(f"{where}: weight must be between 0 and 1")
+        tls = {}
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            value = table.get(name, "")
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: {name} must be a file path")
+            tls[name] = value
+        if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
+            raise ConfigError(f"{where}: tls_cert and tls_key go together")
         credential = table.get("api_key_credential")
         api_key = _credential(credential, where) if isinstance(credential, str) else None
         providers.append(ProviderConfig(
@@ -120,12 +171,25 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
             capability=min(100.0, _number(table, "capability", 50.0, where)),
             context_window=int(_number(table, "context_window", 8192, where)),
             api_key=api_key, timeout=_number(table, "timeout", 60.0, where) or 60.0,
+            **tls,
         ))
     default = data.get("default_model")
     if default is not None and not isinstance(default, str):
         raise ConfigError(f"{path}: default_model must be a string")
+    routing = data.get("routing", {})
+    if not isinstance(routing, dict):
+        raise ConfigError(f"{path}: [routing] must be a table")
+    where = f"{path}: routing"
     return Config(
+        deadline=_number(routing, "deadline", 30.0, where),
+        psi_threshold=min(100.0, _number(routing, "psi_threshold", 25.0, where)),
+        psi_file=_string(routing, "psi_file", "/proc/pressure/memory", where),
+        max_inflight=max(1, int(_number(routing, "max_inflight", 256, where))),
+        triage_reserved=int(_number(routing, "triage_reserved", 8, where)),
         listen=tuple(listen),
+        tls_listen=tuple(tls_listen),
+        tls_cert=tls_files["tls_cert"], tls_key=tls_files["tls_key"],
+        tls_client_ca=tls_files["tls_client_ca"],
         max_body_bytes=int(_number(http, "max_body_bytes", 1 << 20, path)),
         header_timeout=_number(http, "header_timeout", 10.0, path),
         body_timeout=_number(http, "body_timeout", 30.0, path),

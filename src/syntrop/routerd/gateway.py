@@ -1,26 +1,36 @@
-"""The OpenAI API of routerd: validation, routing, retry before the first
-token, OpenAI-shaped errors. Transport-free: http.py feeds it requests."""
+"""The OpenAI API of routerd: validation, routing (breakers, offload,
+admission), retry before the first token, continuation of a stream that
+fails midway, OpenAI-shaped errors, metrics. Transport-free: http.py feeds
+it requests."""
 
 import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from syntrop.config import Paths
 from syntrop.routerd import scoring
 from syntrop.routerd.config import Config, ProviderConfig
+from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import REGISTRY, Provider, ProviderError
+from syntrop.routerd.queues import USER, Admission
 from syntrop.routerd.sse import event
 
 logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 408: "invalid_request_error",
-               413: "invalid_request_error", 502: "api_error", 504: "api_error"}
-ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions"}
+               413: "invalid_request_error", 502: "api_error", 503: "api_error",
+               504: "api_error"}
+ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
+             "/v1/embeddings": "embeddings"}
+#: Seconds between two looks at runtimed's free slots.
+LOAD_INTERVAL = 1.0
+#: Seconds between two asks for a LAN peer's advertisement.
+ADVERTISE_INTERVAL = 5.0
 #: Seconds a provider's model list may take at start and Reload.
 DISCOVERY_TIMEOUT = 5.0
 
@@ -31,6 +41,8 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     stream: AsyncIterator[bytes] | None = None
+    #: Called once the response is sent or abandoned (a stream's resources).
+    closer: Callable[[], Awaitable[None]] | None = None
 
 
 def error(status: int, message: str, code: str | None = None,
@@ -58,7 +70,18 @@ def _check(endpoint: str, body: Any) -> None:
         raise BadRequest("model must be a string", "model")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("stream must be a boolean", "stream")
-    if endpoint == "chat/completions":
+    if endpoint == "embeddings":
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(
+                isinstance(t, str) for t in texts):
+            raise BadRequest("input must be a string or a non-empty list of strings", "input")
+        if body.get("encoding_format", "float") not in ("float", "base64"):
+            raise BadRequest("encoding_format must be float or base64", "encoding_format")
+        if body.get("stream"):
+            raise BadRequest("embeddings are not streamed", "stream")
+    elif endpoint == "chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
@@ -84,21 +107,178 @@ def _prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """A cheap estimate: four characters a token."""
     if endpoint == "completions":
         return len(body["prompt"]) // 4 + 1
+    if endpoint == "embeddings":
+        texts = body["input"]
+        return sum(map(len, [texts] if isinstance(texts, str) else texts)) // 4 + 1
     return sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4 + 1
 
 
+def _continuation(endpoint: str, request: dict[str, Any], sent: str,
+                  chunks: int) -> dict[str, Any]:
+    """The request that continues an answer of which `sent` went out: the
+    prompt replayed with the text already sent, the token budget reduced by
+    the chunks already sent (about one token each)."""
+    if endpoint == "completions":
+        body = {**request, "prompt": request["prompt"] + sent}
+    else:
+        body = {**request, "messages": [*request["messages"],
+                                        {"role": "assistant", "content": sent}]}
+    for name in ("max_tokens", "max_completion_tokens"):
+        if body.get(name):
+            body[name] = max(1, body[name] - chunks)
+    return body
+
+
+_Opened = tuple[scoring.Scored, str | None, AsyncIterator[str]]
+
+
+class _Relay:
+    """One streamed answer on its way to the client: chunks relayed as they
+    come; when the provider fails after the first chunk and the answer is
+    plain text, the same stream continues from the next candidate (the
+    prompt replayed with the text already sent), announced by an SSE
+    comment. The client sees one coherent stream: the first provider's id,
+    created and model, no role twice, no text lost or repeated."""
+
+    def __init__(self, gateway: "Gateway", endpoint: str, request: dict[str, Any],
+                 candidates: list[scoring.Scored], current: scoring.Scored,
+                 first: str | None, chunks: AsyncIterator[str], kind: str) -> None:
+        self.gateway, self.endpoint, self.request = gateway, endpoint, request
+        self.candidates, self.current, self.kind = candidates, current, kind
+        self.first, self.chunks = first, chunks
+        self.sent: list[str] = []
+        self.count = 0
+        self.identity: dict[str, Any] | None = None
+        self.finished = False
+        #: Tool calls are never replayed: the request offers tools, or the
+        #: answer has begun to call one.
+        self.tools = bool(request.get("tools") or request.get("functions"))
+        self.closed = False
+
+    def _track(self, data: str, continued: bool) -> str | None:
+        """Note what `data` carries; on a continuation, the chunk as the
+        client should see it (None: nothing to send)."""
+        try:
+            chunk = json.loads(data)
+            choice = chunk["choices"][0] if chunk.get("choices") else {}
+        except (ValueError, TypeError, AttributeError, KeyError):
+            self.tools = True  # not understood: not safe to replay
+            return data
+        if self.identity is None:
+            self.identity = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("function_call")):
+            self.tools = True
+        text = (delta or {}).get("content") if self.endpoint == "chat/completions" else (
+            choice.get("text") if isinstance(choice, dict) else None)
+        if isinstance(text, str) and text:
+            self.sent.append(text)
+            self.count += 1
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            self.finished = True
+        if not continued:
+            return data
+        chunk.update(self.identity)
+        if isinstance(delta, dict):
+            delta.pop("role", None)
+            if not delta and not choice.get("finish_reason"):
+                return None
+        return json.dumps(chunk)
+
+    async def run(self) -> AsyncIterator[bytes]:
+        continued = False
+        try:
+            if self.first is not None:
+                line = self._track(self.first, False)
+                if line is not None:
+                    yield event(line)
+            while self.first is not None:
+                try:
+                    async for data in self.chunks:
+                        line = self._track(data, continued)
+                        if line is not None:
+                            yield event(line)
+                    break
+                except Exception as caught:  # any provider failure: continue elsewhere
+                    failure = caught if isinstance(caught, ProviderError) else ProviderError(
+                        502, f"provider failed: {caught!r}")
+                    failed = self.current
+                    logger.warning("provider %s failed mid-stream: %s", failed.provider,
+                                   failure.message)
+                    self.gateway.failed(failed)
+                    await self._close_chunks()
+                    if self.finished:
+                        break  # the answer was complete; only [DONE] was missing
+                    if self.tools:
+                        yield self._error(failure.message)
+                        break
+                    again = await self.gateway.open_stream(
+                        self.endpoint, _continuation(self.endpoint, self.request,
+                                                     "".join(self.sent), self.count),
+                        [c for c in self.candidates if c.provider != failed.provider])
+                    if isinstance(again, ProviderError):
+                        yield self._error(f"{failure.message}; no provider could continue")
+                        break
+                    self.candidates = [c for c in self.candidates
+                                       if c.provider != failed.provider]
+                    self.current, first, self.chunks = again
+                    self.gateway.continuations += 1
+                    yield (f": routerd: {failed.provider} failed mid-stream; continued on "
+                           f"{self.current.provider} from the text already sent\n\n").encode()
+                    continued = True
+                    if first is not None:
+                        line = self._track(first, True)
+                        if line is not None:
+                            yield event(line)
+            yield b"data: [DONE]\n\n"
+        finally:
+            await self.close()
+
+    def _error(self, message: str) -> bytes:
+        return event(json.dumps({"error": {"message": message, "type": "api_error",
+                                           "param": None, "code": "upstream_error"}}))
+
+    async def _close_chunks(self) -> None:
+        await self.chunks.aclose()  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self._close_chunks()
+        finally:
+            self.gateway.release(self.current)
+            self.gateway.admission.leave(self.kind)
+
+
 class Gateway:
-    def __init__(self, config: Config, paths: Paths) -> None:
+    def __init__(self, config: Config, paths: Paths,
+                 pressure: Pressure | None = None) -> None:
         self.paths = paths
         self.health: dict[str, scoring.Health] = {}
+        self.breakers: dict[tuple[str, str], scoring.Breaker] = {}
         self.requests_total = 0
         self.routing_errors = 0
+        self.continuations = 0
+        #: (endpoint path, status) -> answers, for /metrics.
+        self.answered: dict[tuple[str, int], int] = {}
+        #: (provider, outcome) -> attempts, for /metrics.
+        self.attempts: dict[tuple[str, str], int] = {}
         self.discovered: dict[str, tuple[str, ...]] = {}
+        self.pressure = pressure or Pressure(config.psi_threshold, path=config.psi_file)
+        #: runtimed providers without a free slot at the last look.
+        self.full: set[str] = set()
+        self._load_at = float("-inf")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._effective: tuple[object, object, tuple[ProviderConfig, ...]] = (None, None, ())
         self.apply(config)
 
     def apply(self, config: Config) -> None:
         """Switch to `config`; requests in flight keep their providers."""
         self.config = config
+        self.pressure.threshold, self.pressure.path = config.psi_threshold, config.psi_file
+        self.admission = Admission(config.max_inflight, config.triage_reserved)
         self.providers: dict[str, Provider] = {
             p.id: REGISTRY[p.kind](p, self.paths) for p in config.providers}
         self.health = {p.id: self.health.get(p.id) or scoring.Health()
@@ -120,11 +300,16 @@ class Gateway:
         self.discovered = found
 
     def effective(self) -> tuple[ProviderConfig, ...]:
-        """The providers with their model lists, configured or discovered."""
-        from dataclasses import replace
+        """The providers with their model lists, configured or discovered
+        (remade only when the configuration or a discovered list changed)."""
+        key = (self.config, self.discovered)
+        if self._effective[0] is not key[0] or self._effective[1] is not key[1]:
+            from dataclasses import replace
 
-        return tuple(p if p.models else replace(p, models=self.discovered.get(p.id, ()))
-                     for p in self.config.providers)
+            self._effective = (*key, tuple(
+                p if p.models else replace(p, models=self.discovered.get(p.id, ()))
+                for p in self.config.providers))
+        return self._effective[2]
 
     def models(self) -> list[tuple[str, str]]:
         """(model, provider) pairs, each model once, in configuration order."""
@@ -140,13 +325,166 @@ class Gateway:
         models = self.models()
         return models[0][0] if models else None
 
-    def route(self, model: str, prompt_tokens: int | None = None) -> list[scoring.Scored]:
-        return scoring.candidates(model, self.effective(), self.health, prompt_tokens)
+    # offload ----------------------------------------------------------------
 
-    async def handle(self, method: str, path: str, body: bytes) -> Response:
+    def throttled(self) -> bool:
+        """Local work is throttled: memory pressure over the threshold, or a
+        local runtimed without a free slot."""
+        self._look_at_load()
+        self._look_at_peers()
+        return self.pressure.high() or bool(self.full)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work)
+        except RuntimeError:  # no loop: a synchronous caller
+            work.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def look_at_peers(self) -> None:
+        """Ask every LAN peer for its advertisement now, in the background."""
+        for peer in self.providers.values():
+            if hasattr(peer, "advertised_at"):
+                peer.advertised_at = float("-inf")
+        self._look_at_peers()
+
+    def _look_at_peers(self) -> None:
+        now = time.monotonic()
+        stale = [p for p in self.providers.values()
+                 if now - getattr(p, "advertised_at", now) >= ADVERTISE_INTERVAL]
+        for peer in stale:
+            peer.advertised_at = now  # type: ignore[attr-defined]
+        if stale:
+            self._spawn(self.advertise(stale))
+
+    async def advertise(self, peers: list[Provider] | None = None) -> None:
+        """Ask LAN peers for their health, RTT and free accelerator memory;
+        a peer that fails opens the breakers of its models."""
+        if peers is None:
+            peers = [p for p in self.providers.values() if hasattr(p, "advertise")]
+        for peer in peers:
+            try:
+                await asyncio.wait_for(peer.advertise(), DISCOVERY_TIMEOUT)  # type: ignore[attr-defined]
+                if not peer.config.models and peer.config.id not in self.discovered:
+                    # Unreachable at start or Reload, back now: its models.
+                    models = await asyncio.wait_for(peer.list_models(), DISCOVERY_TIMEOUT)
+                    self.discovered = {**self.discovered, peer.config.id: tuple(models)}
+            except (ProviderError, TimeoutError) as failure:
+                logger.warning("peer %s: %s", peer.config.id, failure or "no answer in time")
+                now = time.monotonic()
+                if peer.config.id in self.health:
+                    self.health[peer.config.id].failure(now)
+                for config in self.effective():
+                    if config.id == peer.config.id:
+                        for model in config.models:
+                            self.breakers.setdefault((config.id, model),
+                                                     scoring.Breaker()).failure(now)
+
+    def _look_at_load(self) -> None:
+        """Refresh runtimed's free slots in the background, once a second at
+        most; routing uses the last answer and never waits for it."""
+        now = time.monotonic()
+        if now - self._load_at < LOAD_INTERVAL:
+            return
+        locals_ = [p for p in self.config.providers if p.kind == "runtimed"]
+        if not locals_:
+            return
+        self._load_at = now
+        self._spawn(self._refresh_load(locals_))
+
+    async def _refresh_load(self, locals_: list[ProviderConfig]) -> None:
+        for config in locals_:
+            provider = self.providers.get(config.id)
+            probe = getattr(provider, "free_slots", None)
+            free = await probe() if probe is not None else None
+            if free == 0:
+                self.full.add(config.id)
+            else:
+                self.full.discard(config.id)
+
+    # routing ----------------------------------------------------------------
+
+    def route(self, model: str, prompt_tokens: int | None = None,
+              now: float | None = None) -> list[scoring.Scored]:
+        return scoring.candidates(model, self.effective(), self.health, prompt_tokens, now,
+                                  self.breakers, self.throttled())
+
+    def _breaker(self, candidate: scoring.Scored) -> scoring.Breaker:
+        key = (candidate.provider, candidate.model)
+        breaker = self.breakers.get(key)
+        if breaker is None:
+            breaker = self.breakers[key] = scoring.Breaker()
+        return breaker
+
+    def succeeded(self, candidate: scoring.Scored, latency_ms: float) -> None:
+        self._breaker(candidate).success()
+        health = self.health.get(candidate.provider)
+        if health is not None:
+            health.success(latency_ms)
+        self._count(candidate.provider, "ok")
+
+    def failed(self, candidate: scoring.Scored) -> None:
+        self._breaker(candidate).failure(time.monotonic())
+        health = self.health.get(candidate.provider)
+        if health is not None:
+            health.failure()
+        self._count(candidate.provider, "failed")
+
+    def release(self, candidate: scoring.Scored) -> None:
+        self._breaker(candidate).release()
+
+    def _count(self, provider: str, outcome: str) -> None:
+        key = (provider, outcome)
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+
+    async def _usable(self, model: str, tokens: int, deadline: float
+                      ) -> list[scoring.Scored] | Response:
+        """The candidates a breaker lets through, best first. When every
+        one is cooling, wait for the earliest to reopen, within the
+        request's deadline."""
+        while True:
+            now = time.monotonic()
+            scored = self.route(model, tokens, now)
+            if not scored:
+                self.routing_errors += 1
+                return error(404, f"the model {model!r} does not exist", "model_not_found",
+                             "model")
+            usable = [s for s in scored if not s.cooling]
+            if usable:
+                return usable
+            # A probe in flight (half-open) reopens nothing by time: look again soon.
+            wake = max(min(s.retry_at for s in scored), now + 0.05)
+            if wake > deadline:
+                self.routing_errors += 1
+                return error(503, f"every provider of {model!r} is cooling down after "
+                             "failures; try again later", "providers_cooling")
+            await asyncio.sleep(wake - now)
+
+    # requests ---------------------------------------------------------------
+
+    async def handle(self, method: str, path: str, body: bytes,
+                     traffic: str = USER) -> Response:
         path = path.partition("?")[0]
-        if path == "/health":
-            return ok({"status": "ok", "providers": len(self.providers)})
+        response = await self._handle(method, path, body, traffic)
+        key = (path if path in ENDPOINTS or path in ("/v1/models", "/health") else "other",
+               response.status)
+        self.answered[key] = self.answered.get(key, 0) + 1
+        return response
+
+    async def _handle(self, method: str, path: str, body: bytes, traffic: str) -> Response:
+        if path == "/health":  # also what LAN peers advertise to each other
+            from syntrop.routerd.pressure import free_accelerator_bytes
+
+            return ok({"status": "ok", "providers": len(self.providers),
+                       "memory_some": self.pressure.memory_some(),
+                       "free_accelerator_bytes": free_accelerator_bytes()})
+        if path == "/metrics":
+            from syntrop.routerd.metrics import render
+
+            return Response(200, render(self).encode(),
+                            "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models":
             if method != "GET":
                 return error(405, "use GET")
@@ -173,15 +511,36 @@ class Gateway:
         if model is None:
             self.routing_errors += 1
             return error(404, "no model named and no default model", "model_not_found", "model")
-        candidates = self.route(model, _prompt_tokens(endpoint, request))
-        if not candidates:
-            self.routing_errors += 1
-            return error(404, f"the model {model!r} does not exist", "model_not_found", "model")
-        if request.get("stream"):
-            return await self._stream(endpoint, request, candidates)
-        return await self._complete(endpoint, request, candidates)
+        deadline = time.monotonic() + self.config.deadline
+        if not self.admission.try_enter(traffic):
+            try:
+                async with asyncio.timeout(self.config.deadline):
+                    await self.admission.enter(traffic)
+            except TimeoutError:
+                return error(503, "routerd is at its limit of requests in flight",
+                             "server_overloaded")
+        stream = None
+        try:
+            candidates = await self._usable(model, _prompt_tokens(endpoint, request), deadline)
+            if isinstance(candidates, Response):
+                return candidates
+            if not request.get("stream"):
+                return await self._complete(endpoint, request, candidates)
+            opened = await self.open_stream(endpoint, request, candidates)
+            if isinstance(opened, ProviderError):
+                return self._failed(opened)
+            current, first, chunks = opened
+            stream = _Relay(self, endpoint, request, candidates, current, first, chunks,
+                            traffic)
+            return Response(200, content_type="text/event-stream", stream=stream.run(),
+                            closer=stream.close)
+        finally:
+            if stream is None:
+                self.admission.leave(traffic)
 
     def _failed(self, failure: ProviderError) -> Response:
+        if not failure.retryable:
+            return error(failure.status, failure.message, "upstream_rejected")
         self.routing_errors += 1
         code = "upstream_timeout" if failure.status == 504 else "upstream_error"
         return error(failure.status, failure.message, code)
@@ -190,25 +549,37 @@ class Gateway:
                         candidates: list[scoring.Scored]) -> Response:
         last = ProviderError(502, "no provider answered")
         for candidate in candidates:
+            breaker = self._breaker(candidate)
+            if not breaker.acquire(time.monotonic()):
+                continue
             started = time.monotonic()
             provider = self.providers[candidate.provider]
             try:
                 answer = await provider.complete(endpoint, {**request, "model": candidate.model})
             except ProviderError as failure:
                 if not failure.retryable:
-                    return error(failure.status, failure.message, "upstream_rejected")
+                    breaker.release()
+                    return self._failed(failure)
                 logger.warning("provider %s failed: %s", candidate.provider, failure.message)
-                self.health[candidate.provider].failure()
+                self.failed(candidate)
                 last = failure
                 continue
-            self.health[candidate.provider].success((time.monotonic() - started) * 1000)
-            return ok(answer)
+            except BaseException:
+                breaker.release()
+                raise
+            self.succeeded(candidate, (time.monotonic() - started) * 1000)
+            return Response(200, answer) if isinstance(answer, bytes) else ok(answer)
         return self._failed(last)
 
-    async def _stream(self, endpoint: str, request: dict[str, Any],
-                      candidates: list[scoring.Scored]) -> Response:
+    async def open_stream(self, endpoint: str, request: dict[str, Any],
+                          candidates: list[scoring.Scored]) -> "_Opened | ProviderError":
+        """The first candidate that answers a first chunk: it, the chunk
+        and the rest; or the last failure."""
         last = ProviderError(502, "no provider answered")
         for candidate in candidates:
+            breaker = self._breaker(candidate)
+            if not breaker.acquire(time.monotonic()):
+                continue
             started = time.monotonic()
             chunks = self.providers[candidate.provider].stream(
                 endpoint, {**request, "model": candidate.model})
@@ -219,28 +590,16 @@ class Gateway:
             except ProviderError as failure:
                 await chunks.aclose()  # type: ignore[attr-defined]
                 if not failure.retryable:
-                    return error(failure.status, failure.message, "upstream_rejected")
+                    breaker.release()
+                    return failure
                 logger.warning("provider %s failed: %s", candidate.provider, failure.message)
-                self.health[candidate.provider].failure()
+                self.failed(candidate)
                 last = failure
                 continue
-            self.health[candidate.provider].success((time.monotonic() - started) * 1000)
-            return Response(200, content_type="text/event-stream",
-                            stream=self._relay(candidate.provider, first, chunks))
-        return self._failed(last)
-
-    async def _relay(self, provider: str, first: str | None,
-                     chunks: AsyncIterator[str]) -> AsyncIterator[bytes]:
-        try:
-            if first is not None:
-                yield event(first)
-                async for data in chunks:
-                    yield event(data)
-        except ProviderError as failure:
-            logger.warning("provider %s failed mid-stream: %s", provider, failure.message)
-            self.health[provider].failure()
-            yield event(json.dumps({"error": {"message": failure.message, "type": "api_error",
-                                              "param": None, "code": "upstream_error"}}))
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-        yield b"data: [DONE]\n\n"
+            except BaseException:
+                breaker.release()
+                await chunks.aclose()  # type: ignore[attr-defined]
+                raise
+            self.succeeded(candidate, (time.monotonic() - started) * 1000)
+            return candidate, first, chunks
+        return last

@@ -6,19 +6,23 @@ import contextlib
 import logging
 import os
 import socket
+from typing import Any
 
 import h11
 
 from syntrop.routerd.config import Config, parse_address
 from syntrop.routerd.gateway import Gateway, Response, error
+from syntrop.routerd.queues import TRIAGE, USER
 
 logger = logging.getLogger(__name__)
 
 READ_SIZE = 65536
+#: Requests with "x-syntrop-traffic: triage" (sentry's) go to the triage queue.
+TRAFFIC_HEADER = b"x-syntrop-traffic"
 MAX_HEADER_BYTES = 16384
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            408: b"Request Timeout", 413: b"Content Too Large", 502: b"Bad Gateway",
-           504: b"Gateway Timeout"}
+           503: b"Service Unavailable", 504: b"Gateway Timeout"}
 
 
 class _Closed(Exception):
@@ -35,7 +39,23 @@ class HTTPServer:
         #: Set by every connection; cleared by RouterService.keep_alive.
         self.active = False
 
-    async def start(self, addresses: tuple[str, ...]) -> None:
+    async def adopt(self, sockets: list[socket.socket]) -> None:
+        """Serve listening sockets passed by systemd (routerd.socket)."""
+        for sock in sockets:
+            sock.setblocking(False)
+            if sock.family == socket.AF_UNIX:
+                server = await asyncio.start_unix_server(self._serve, sock=sock)
+                self.addresses.append(f"unix:{sock.getsockname()}")
+            else:
+                server = await asyncio.start_server(self._serve, sock=sock)
+                host, port = sock.getsockname()[:2]
+                self.addresses.append(f"[{host}]:{port}" if sock.family == socket.AF_INET6
+                                      else f"{host}:{port}")
+            self.servers.append(server)
+
+    async def start(self, addresses: tuple[str, ...], tls: object = None) -> None:
+        """Bind `addresses` (`tls`: an SSL context, for peers' HTTPS)."""
+        scheme = "https://" if tls is not None else ""
         for text in addresses:
             where = parse_address(text)
             try:
@@ -45,13 +65,15 @@ class HTTPServer:
                     server = await asyncio.start_unix_server(self._serve, path=where)
                     self.addresses.append(f"unix:{where}")
                 else:
-                    server = await asyncio.start_server(self._serve, where[0], where[1],
-                                                        reuse_address=True)
+                    secure: dict[str, Any] = {} if tls is None else {
+                        "ssl": tls, "ssl_handshake_timeout": self.config.header_timeout or None}
+                    server = await asyncio.start_server(
+                        self._serve, where[0], where[1], reuse_address=True, **secure)
                     for sock in server.sockets:
                         host, port = sock.getsockname()[:2]
-                        self.addresses.append(
+                        self.addresses.append(scheme + (
                             f"[{host}]:{port}" if sock.family == socket.AF_INET6
-                            else f"{host}:{port}")
+                            else f"{host}:{port}"))
             except OSError as failure:
                 logger.warning("cannot listen on %s: %s", text, failure.strerror or failure)
                 continue
@@ -75,8 +97,11 @@ class HTTPServer:
 
     async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader
                             ) -> tuple[h11.Request, bytes] | Response | None:
-        async with asyncio.timeout(self.config.header_timeout or None):
-            request = await self._next(conn, reader)
+        event: object = conn.next_event()  # pipelined: already here
+        if event is h11.NEED_DATA:
+            async with asyncio.timeout(self.config.header_timeout or None):
+                event = await self._next(conn, reader)
+        request = event
         if not isinstance(request, h11.Request):
             return None
         cap = self.config.max_body_bytes
@@ -85,15 +110,28 @@ class HTTPServer:
                 return error(413, f"the request body is over {cap} bytes", "request_too_large")
         parts: list[bytes] = []
         size = 0
+        event = conn.next_event()
+        if isinstance(event, h11.EndOfMessage):  # a body-less request, all here
+            return request, b""
+        if isinstance(event, h11.Data) and len(event.data) <= cap:
+            parts.append(bytes(event.data))
+            size = len(event.data)
+            event = conn.next_event()
+            if isinstance(event, h11.EndOfMessage):  # the usual case: one read held it all
+                return request, parts[0]
+        if event is not h11.NEED_DATA and not isinstance(event, h11.Data | h11.EndOfMessage):
+            return None
         async with asyncio.timeout(self.config.body_timeout or None):
             while True:
-                event = await self._next(conn, reader)
+                if event is h11.NEED_DATA:
+                    event = await self._next(conn, reader)
                 if isinstance(event, h11.Data):
                     size += len(event.data)
                     if size > cap:
                         return error(413, f"the request body is over {cap} bytes",
                                      "request_too_large")
                     parts.append(bytes(event.data))
+                    event = conn.next_event()
                 elif isinstance(event, h11.EndOfMessage):
                     break
                 else:
@@ -110,21 +148,23 @@ class HTTPServer:
             headers.append((b"content-length", str(len(response.body)).encode()))
         else:
             headers.append((b"cache-control", b"no-cache"))
-        writer.write(conn.send(h11.Response(status_code=response.status, headers=headers,
-                                            reason=REASONS.get(response.status, b""))) or b"")
+        # One write per response, or per chunk (the head goes with the first).
+        out = conn.send(h11.Response(status_code=response.status, headers=headers,
+                                     reason=REASONS.get(response.status, b""))) or b""
         if response.stream is None:
-            writer.write((conn.send(h11.Data(data=response.body)) or b"")
+            writer.write(out + (conn.send(h11.Data(data=response.body)) or b"")
                          + (conn.send(h11.EndOfMessage()) or b""))
             await writer.drain()
             return
         stream = response.stream
         try:
             async for chunk in stream:
-                writer.write(conn.send(h11.Data(data=chunk)) or b"")
+                writer.write(out + (conn.send(h11.Data(data=chunk)) or b""))
+                out = b""
                 await writer.drain()
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        writer.write(out + (conn.send(h11.EndOfMessage()) or b""))
         await writer.drain()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -154,17 +194,30 @@ class HTTPServer:
                     await self._send(conn, writer, got, True)
                     break
                 request, body = got
+                traffic = USER
+                for name, value in request.headers:
+                    if name == TRAFFIC_HEADER and value.lower() == b"triage":
+                        traffic = TRIAGE
                 try:
                     response = await self.gateway.handle(
-                        request.method.decode(), request.target.decode("latin-1"), body)
+                        request.method.decode(), request.target.decode("latin-1"), body,
+                        traffic)
                 except Exception:  # never let a request take the daemon down
                     logger.exception("request failed")
                     response = error(502, "internal error")
-                await self._send(conn, writer, response, False)
+                try:
+                    await self._send(conn, writer, response, False)
+                finally:
+                    if response.closer is not None:  # a stream never started too
+                        await response.closer()
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     break
                 conn.start_next_cycle()
         except (OSError, h11.LocalProtocolError, h11.RemoteProtocolError):
+            pass
+        except asyncio.CancelledError:
+            # Shutting down: end quietly (a cancelled connection task makes
+            # asyncio's stream callback log a traceback).
             pass
         finally:
             self.connections -= 1

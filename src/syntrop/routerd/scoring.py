@@ -63,6 +63,47 @@ class Health:
         self.cooling_until = now + min(60.0, COOLDOWN_S * 2 ** (self.failures - 1))
 
 
+@dataclass(slots=True)
+class Breaker:
+    """The circuit breaker of one (provider, model): closed while it works;
+    open (cooling) for 5 s after a failure, doubled per consecutive failure
+    up to 60 s; then half-open: one request at a time probes it, and its
+    outcome closes or re-opens the breaker."""
+
+    failures: int = 0
+    open_until: float = 0.0
+    probing: bool = False
+
+    def state(self, now: float) -> str:
+        if not self.failures:
+            return "closed"
+        return "open" if now < self.open_until else "half-open"
+
+    def admits(self, now: float) -> bool:
+        state = self.state(now)
+        return state == "closed" or (state == "half-open" and not self.probing)
+
+    def acquire(self, now: float) -> bool:
+        """Take the way through; False when another request probes it."""
+        if not self.admits(now):
+            return False
+        if self.failures:
+            self.probing = True
+        return True
+
+    def release(self) -> None:
+        """The request ended without a verdict (the client went away)."""
+        self.probing = False
+
+    def success(self) -> None:
+        self.failures, self.open_until, self.probing = 0, 0.0, False
+
+    def failure(self, now: float) -> None:
+        self.failures += 1
+        self.probing = False
+        self.open_until = now + min(60.0, COOLDOWN_S * 2 ** (self.failures - 1))
+
+
 @dataclass(frozen=True, slots=True)
 class Scored:
     provider: str
@@ -72,6 +113,10 @@ class Scored:
     cost: float
     capability: float
     cooling: bool
+    #: A local candidate demoted under memory pressure or without free slots.
+    throttled: bool = False
+    #: When a cooling candidate may be probed again (monotonic seconds).
+    retry_at: float = 0.0
 
 
 def intent(model: str, prompt_tokens: int | None) -> str:
@@ -101,13 +146,18 @@ def candidates(
     health: dict[str, Health],
     prompt_tokens: int | None = None,
     now: float | None = None,
+    breakers: dict[tuple[str, str], Breaker] | None = None,
+    throttle_local: bool = False,
 ) -> list[Scored]:
-    """Candidates for `model` (a model or an alias), best first. Cooling
-    providers stay, after every healthy one: when all cool, one is tried
-    rather than none."""
+    """Candidates for `model` (a model or an alias), best first: those a
+    breaker lets through before cooling ones, and under `throttle_local`
+    (memory pressure, no free slots) local ones after the LAN and remote
+    tiers. Cooling candidates stay in the list so that the caller can wait
+    for the earliest `retry_at`."""
+    now = time.monotonic() if now is None else now
     kind = intent(model, prompt_tokens)
     ws, wc, wcap = WEIGHTS[kind]
-    result: list[tuple[bool, float, int, Scored]] = []
+    result: list[tuple[bool, bool, float, int, Scored]] = []
     for order, provider in enumerate(providers):
         if prompt_tokens is not None and prompt_tokens > provider.context_window:
             continue
@@ -118,10 +168,17 @@ def candidates(
             speed = round(speed_score(provider, state), 1)
             cost = round(cost_score(provider), 1)
             capability = round(provider.capability, 1)
-            cooling = state.status(now) == "cooling"
+            breaker = breakers.get((provider.id, name)) if breakers is not None else None
+            if breaker is None:
+                cooling = state.status(now) == "cooling"
+                retry_at = state.cooling_until
+            else:
+                cooling = not breaker.admits(now)
+                retry_at = breaker.open_until
+            throttled = throttle_local and provider.tier == "local"
             total = provider.weight * (ws * speed + wc * cost + wcap * capability)
             scored = Scored(provider.id, name, round(total, 1), speed, cost, capability,
-                            cooling)
-            result.append((cooling, -total, order, scored))
-    result.sort(key=lambda item: item[:3])
-    return [item[3] for item in result]
+                            cooling, throttled, retry_at)
+            result.append((cooling, throttled, -total, order, scored))
+    result.sort(key=lambda item: item[:4])
+    return [item[4] for item in result]

@@ -4,6 +4,7 @@ listeners; `keep_alive` keeps the daemon up while it serves HTTP."""
 
 import asyncio
 import logging
+import socket
 import time
 
 from syntrop.config import ConfigError, Paths
@@ -28,7 +29,7 @@ from syntrop.varlink import implements
 logger = logging.getLogger(__name__)
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -37,17 +38,6 @@ def _rss_bytes() -> int:
     except OSError:
         pass
     return 0
-
-
-def _memory_some() -> float:
-    try:
-        with open("/proc/pressure/memory") as pressure:
-            for line in pressure:
-                if line.startswith("some"):
-                    return float(line.split()[1].partition("=")[2])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
 
 
 class RouterService(Router1):
@@ -62,12 +52,25 @@ class RouterService(Router1):
         self.started = time.monotonic()
 
     @classmethod
-    async def open(cls, paths: Paths) -> "RouterService":
-        """Load the configuration and start the HTTP listeners. A broken
-        file is an error at start (systemd shows it); at Reload it is not."""
+    async def open(cls, paths: Paths,
+                   sockets: "list[socket.socket] | None" = None) -> "RouterService":
+        """Load the configuration and start the HTTP listeners: those passed
+        by routerd.socket, or (without any: development) `http.listen`
+        bound here. A broken file is an error at start (systemd shows it);
+        at Reload it is not."""
         service = cls(paths, routerconfig.load(paths.configuration / "routerd.toml"))
-        await service.http.start(service.config.listen)
+        if sockets:
+            await service.http.adopt(sockets)
+        else:
+            await service.http.start(service.config.listen)
+        if service.config.tls_listen:
+            from syntrop.routerd.tls import server_context
+
+            config = service.config
+            context = server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+            await service.http.start(config.tls_listen, tls=context)
         await service.gateway.discover()
+        service.gateway.look_at_peers()  # in the background: a dead peer must not delay start
         logger.info("HTTP on %s", ", ".join(service.http.addresses) or "nothing")
         return service
 
@@ -86,8 +89,8 @@ class RouterService(Router1):
         return StatusResult(
             uptime_usec=int((time.monotonic() - self.started) * 1_000_000),
             ingress=list(self.http.addresses),
-            rss_bytes=_rss_bytes(),
-            memory_some=_memory_some(),
+            rss_bytes=rss_bytes(),
+            memory_some=self.gateway.pressure.memory_some(),
             providers_total=len(self.config.providers),
             providers_healthy=healthy,
             requests_total=self.gateway.requests_total,
@@ -100,9 +103,12 @@ class RouterService(Router1):
         for provider in self.gateway.effective():
             health = self.gateway.health[provider.id]
             latency = None if health.latency_ms is None else round(health.latency_ms, 2)
+            live = self.gateway.providers.get(provider.id)
             result.append(Provider(
                 id=provider.id, kind=provider.kind, tier=provider.tier, status=health.status(),
-                weight=provider.weight, latency_ms=latency, models=list(provider.models)))
+                weight=provider.weight, latency_ms=latency, models=list(provider.models),
+                rtt_ms=getattr(live, "rtt_ms", None),
+                free_accelerator_bytes=getattr(live, "free_accelerator_bytes", None)))
         return result
 
     @implements
@@ -119,7 +125,8 @@ class RouterService(Router1):
             raise NoRoute(model=model, reason="no provider fits the prompt" if known
                           else "no provider serves this model")
         return [Candidate(provider=s.provider, model=s.model, score=s.score, speed=s.speed,
-                          cost=s.cost, capability=s.capability, selected=index == 0)
+                          cost=s.cost, capability=s.capability, selected=index == 0,
+                          cooling=s.cooling, throttled=s.throttled)
                 for index, s in enumerate(scored)]
 
     @implements
@@ -149,3 +156,4 @@ class RouterService(Router1):
         self.http.config = config
         self.gateway.apply(config)
         await self.gateway.discover()
+        self.gateway.look_at_peers()

@@ -8,8 +8,10 @@ def test_status_like_the_seed() -> None:
                           "rss_bytes": int(9.12 * 1024 * 1024), "memory_some": 0.0,
                           "providers_total": 3, "providers_healthy": 3,
                           "requests_total": 428, "routing_errors": 0},
-                         "/run/syntrop/io.syntrop.Router1")
+                         "/run/syntrop/io.syntrop.Router1",
+                         ["runtimed-local", "lan-runtimed", "local-vllm"])
     assert "Status: OPERATIONAL (Uptime: 2h 14m)" in text
+    assert "Providers: 3 configured, 3 healthy (runtimed-local, lan-runtimed, local-vllm)" in text
     assert "Wire Ingress: 127.0.0.1:32768, unix:/run/syntrop/router.sock" in text
     assert "Memory RSS: 9.12 MiB" in text
     assert "Total Reqs: 428 served (0 routing errors)" in text
@@ -36,3 +38,15 @@ def test_route_explain() -> None:
         "2. q / n [SCORE: 81.2] Speed: 72.0 Cost: 100.0 Cap: 75.0",
     ]
     assert format_route(candidates, False) == "p / m"
+
+
+def test_route_explain_marks_cooling_and_throttled() -> None:
+    candidates = [Candidate(provider="lan", model="m", score=70.0, speed=70.0, cost=100.0,
+                            capability=50.0, selected=True),
+                  Candidate(provider="local", model="m", score=80.0, speed=90.0, cost=100.0,
+                            capability=50.0, selected=False, throttled=True),
+                  Candidate(provider="remote", model="m", score=60.0, speed=50.0, cost=25.0,
+                            capability=95.0, selected=False, cooling=True)]
+    lines = format_route(candidates, True).splitlines()
+    assert lines[2].endswith("Cap: 50.0 (Throttled: local under pressure)")
+    assert lines[3].endswith("Cap: 95.0 (Cooling)")

@@ -2,7 +2,8 @@
 maps a configured kind to its class.
 
 A provider answers OpenAI-shaped objects: `complete` the whole response of
-/v1/chat/completions or /v1/completions, `stream` the JSON text of each
+/v1/chat/completions, /v1/completions or /v1/embeddings (an object, or the
+JSON text an upstream sent, already checked), `stream` the JSON text of each
 chunk (the data of one server-sent event, without the final [DONE]).
 """
 
@@ -29,7 +30,7 @@ class ProviderError(Exception):
 class Provider(Protocol):
     config: ProviderConfig
 
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes: ...
 
     def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]: ...
 
@@ -48,7 +49,14 @@ def _runtimed(config: ProviderConfig, paths: Paths) -> Provider:
     return RuntimedProvider(config, paths)
 
 
+def _peer(config: ProviderConfig, paths: Paths) -> Provider:
+    from syntrop.routerd.providers.peer import PeerProvider
+
+    return PeerProvider(config)
+
+
 REGISTRY: dict[str, Callable[[ProviderConfig, Paths], Provider]] = {
     "openai": _openai,
     "runtimed": _runtimed,
+    "peer": _peer,
 }

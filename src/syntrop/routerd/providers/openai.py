@@ -43,7 +43,9 @@ class _Exchange:
             if event is not h11.NEED_DATA:
                 return event
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_SIZE), self.timeout)
+                # asyncio.timeout, not wait_for: no task per read.
+                async with asyncio.timeout(self.timeout):
+                    data = await self.reader.read(READ_SIZE)
             except TimeoutError:
                 raise ProviderError(504, "upstream did not answer in time") from None
             except OSError as error:
@@ -90,8 +92,21 @@ class OpenAIProvider:
         self.base = url.path.rstrip("/") or "/v1"
         self.authority = url.netloc.encode()
         self.idle: list[_Pair] = []
+        self._tls_context: Any = None
 
-    async def _open(self, method: str, path: str, body: bytes | None) -> _Exchange:
+    def _context(self) -> Any:
+        """The TLS context of an https endpoint (made once); None for http."""
+        if not self.tls:
+            return None
+        if self._tls_context is None:
+            from syntrop.routerd.tls import client_context
+
+            config = self.config
+            self._tls_context = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+        return self._tls_context
+
+    async def _open(self, method: str, path: str, body: bytes | None,
+                    root: bool = False) -> _Exchange:
         while self.idle:
             reader, writer = self.idle.pop()
             if writer.is_closing() or reader.at_eof():
@@ -99,7 +114,7 @@ class OpenAIProvider:
                 continue
             try:
                 return await self._send(_Exchange(reader, writer, self.config.timeout,
-                                                  self.idle), method, path, body)
+                                                  self.idle), method, path, body, root)
             except ProviderError as failure:
                 if failure.status == 504:
                     raise
@@ -107,17 +122,19 @@ class OpenAIProvider:
         timeout = self.config.timeout
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=True if self.tls else None),
+                asyncio.open_connection(self.host, self.port, ssl=self._context()),
                 timeout)
         except TimeoutError:
             raise ProviderError(504, "upstream did not accept a connection in time") from None
         except OSError as error:
             raise ProviderError(502, f"upstream unreachable: {error.strerror or error}") from None
         return await self._send(_Exchange(reader, writer, timeout, self.idle),
-                                method, path, body)
+                                method, path, body, root)
 
     async def _send(self, exchange: _Exchange, method: str, path: str,
-                    body: bytes | None) -> _Exchange:
+                    body: bytes | None, root: bool = False) -> _Exchange:
+        """Send a request for `path` under the endpoint's base (under the
+        server's root with `root`)."""
         writer = exchange.writer
         headers = [(b"host", self.authority), (b"user-agent", b"syntrop-routerd"),
                    (b"accept", b"application/json, text/event-stream")]
@@ -127,7 +144,8 @@ class OpenAIProvider:
             headers += [(b"content-type", b"application/json"),
                         (b"content-length", str(len(body)).encode())]
         conn = exchange.conn
-        out = conn.send(h11.Request(method=method, target=(self.base + path).encode(),
+        target = path if root else self.base + path
+        out = conn.send(h11.Request(method=method, target=target.encode(),
                                     headers=headers)) or b""
         if body:
             out += conn.send(h11.Data(data=body)) or b""
@@ -161,8 +179,10 @@ class OpenAIProvider:
             return ProviderError(502, f"upstream answered {exchange.status}: {message}")
         return ProviderError(exchange.status, str(message), retryable=False)
 
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        payload = json.dumps({**body, "stream": False}).encode()
+    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes:
+        """The answer as the upstream sent it (checked, not re-encoded)."""
+        payload = json.dumps(body if endpoint == "embeddings"
+                             else {**body, "stream": False}).encode()
         exchange = await self._open("POST", "/" + endpoint, payload)
         try:
             if exchange.status != 200:
@@ -174,9 +194,10 @@ class OpenAIProvider:
             answer = json.loads(raw)
         except ValueError:
             raise ProviderError(502, "upstream answered something that is not JSON") from None
-        if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
-            raise ProviderError(502, "upstream answered JSON without choices")
-        return answer
+        field = "data" if endpoint == "embeddings" else "choices"
+        if not isinstance(answer, dict) or not isinstance(answer.get(field), list):
+            raise ProviderError(502, f"upstream answered JSON without {field}")
+        return raw
 
     async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
         payload = json.dumps({**body, "stream": True}).encode()

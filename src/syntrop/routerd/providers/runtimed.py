@@ -92,7 +92,61 @@ class RuntimedProvider:
             yield json.dumps({"id": ident, "object": kind, "created": created,
                               "model": body["model"], "choices": [choice]})
 
+    async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        from asyncvarlink import VarlinkErrorReply
+
+        from syntrop.interfaces.runtime import Runtime1
+        from syntrop.varlink.client import CallTimeout, connect
+
+        if body.get("dimensions") is not None:
+            raise ProviderError(400, "runtimed does not support dimensions", retryable=False)
+        texts = body["input"]
+        texts = [texts] if isinstance(texts, str) else texts
+        try:
+            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
+        except (OSError, CallTimeout) as error:
+            raise ProviderError(502, f"runtimed unreachable: {error}") from None
+        async with client:
+            try:
+                result = await client.Embed(model=body["model"], input=list(texts))
+            except VarlinkErrorReply as error:
+                if error.name.endswith("InvalidParameter"):
+                    raise ProviderError(400, f"runtimed answered {error.name}",
+                                        retryable=False) from None
+                raise ProviderError(502, f"runtimed answered {error.name}") from None
+            except CallTimeout:
+                raise ProviderError(504, "runtimed did not answer in time") from None
+            except OSError as error:
+                raise ProviderError(502, f"runtimed failed: {error}") from None
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for index, embedding in enumerate(result["embeddings"]):
+            vector: Any = list(embedding.vector)
+            if as_base64:
+                import base64
+                import struct
+
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        tokens = sum(len(text) for text in texts) // 4 + len(texts)  # an estimate
+        return {"object": "list", "data": data, "model": body["model"],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def free_slots(self) -> int | None:
+        """runtimed's free slots now (Runtime1.GetLoad); None unknown."""
+        from syntrop.interfaces.runtime import Runtime1
+        from syntrop.varlink.client import connect
+
+        try:
+            async with await connect(Runtime1, address=self.address, timeout=2) as client:
+                load = await client.GetLoad()
+        except Exception:  # unreachable or older runtimed: no verdict
+            return None
+        return int(load["free_slots"])
+
     async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        if endpoint == "embeddings":
+            return await self._embed(body)
         parts: list[str] = []
         tokens = 0
         finish = None

@@ -1,0 +1,39 @@
+"""A LAN peer: another routerd, reached over HTTPS with mutual TLS (its
+`endpoint`, our client certificate `tls_cert`/`tls_key`, its CA `tls_ca`).
+It serves the same OpenAI API; its GET /health advertises its health and
+free accelerator memory, and the time that takes is its round-trip time."""
+
+import json
+import time
+from typing import Any
+
+from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.providers.openai import OpenAIProvider
+
+
+class PeerProvider(OpenAIProvider):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.rtt_ms: float | None = None
+        self.free_accelerator_bytes: int | None = None
+        self.advertised_at = float("-inf")
+
+    async def advertise(self) -> None:
+        """Ask the peer's /health; ProviderError when it is not healthy."""
+        started = time.monotonic()
+        exchange = await self._open("GET", "/health", None, root=True)
+        try:
+            raw = await exchange.read_all()
+        finally:
+            exchange.close()
+        self.rtt_ms = round((time.monotonic() - started) * 1000, 2)
+        self.advertised_at = time.monotonic()
+        try:
+            health = json.loads(raw)
+            ok = exchange.status == 200 and health["status"] == "ok"
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise ProviderError(502, f"peer unhealthy (answered {exchange.status})")
+        free = health.get("free_accelerator_bytes")
+        self.free_accelerator_bytes = free if isinstance(free, int) else None

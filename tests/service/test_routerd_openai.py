@@ -1,0 +1,161 @@
+"""Acceptance of routerd: the official OpenAI Python client, unmodified,
+does chat, streaming chat, embeddings and model listing through routerd
+(socket-activated) to runtimed's SmolLM2; curl streams server-sent events;
+/metrics answers the Prometheus text format."""
+
+import http.client
+import importlib.util
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import varlink
+
+from tests.models import model_node, require_llama
+from tests.support import activated
+
+require_llama()
+if importlib.util.find_spec("openai") is None:
+    pytest.skip("the openai client is not installed (pip install -e '.[test]')",
+                allow_module_level=True)
+
+NAME = "io.syntrop.Router1"
+
+
+@dataclass
+class Node:
+    base_url: str
+    port: int
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    root = tmp_path_factory.mktemp("routerd-openai")
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "routerd.toml").write_text(
+        'default_model = "smollm2"\n[http]\nlisten = ["127.0.0.1:0"]\n'
+        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n'
+        "timeout = 120\n")
+    with ExitStack() as stack, model_node(root, stack):
+        daemon = stack.enter_context(activated("routerd", root))
+        client = varlink.Client(address=daemon.address)
+        with client.open(NAME) as router:
+            ingress = router.GetStatus()["ingress"]
+        client.cleanup()
+        port = next(int(a.rpartition(":")[2]) for a in ingress if a.startswith("127.0.0.1:"))
+        # runtimed starts on its first connection: here, not inside a test.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connection.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}))
+        assert connection.getresponse().status == 200
+        connection.close()
+        yield Node(f"http://127.0.0.1:{port}/v1", port)
+
+
+def _client(node: Node) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=node.base_url, api_key="unused", timeout=120, max_retries=0)
+
+
+def test_models_are_listed(node: Node) -> None:
+    ids = [model.id for model in _client(node).models.list()]
+    assert ids[0] == "smollm2"
+    assert {"router:fast", "router:hard", "router:auto"} <= set(ids)
+
+
+def test_chat(node: Node) -> None:
+    answer = _client(node).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=32, temperature=0.2, seed=42)
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.role == "assistant"
+    assert "Paris" in (answer.choices[0].message.content or "")
+
+
+def test_streaming_chat(node: Node) -> None:
+    stream = _client(node).chat.completions.create(
+        model="router:auto", stream=True, max_tokens=32, temperature=0.2, seed=42,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    chunks = list(stream)
+    assert len(chunks) > 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_embeddings_float_and_base64(node: Node) -> None:
+    client = _client(node)
+    # The client asks for base64 unless told otherwise, and decodes it.
+    default = client.embeddings.create(model="smollm2", input=["a cat", "a dog"])
+    floats = client.embeddings.create(model="smollm2", input=["a cat", "a dog"],
+                                      encoding_format="float")
+    assert [d.index for d in default.data] == [0, 1]
+    assert len(default.data[0].embedding) == len(floats.data[0].embedding) > 16
+    for a, b in zip(default.data[0].embedding, floats.data[0].embedding, strict=True):
+        assert abs(a - b) < 1e-5
+    assert abs(sum(x * x for x in floats.data[1].embedding) - 1) < 1e-3  # L2-normalised
+    single = client.embeddings.create(model="smollm2", input="a cat", encoding_format="float")
+    assert single.data[0].embedding == pytest.approx(floats.data[0].embedding, abs=1e-5)
+
+
+def test_bad_embedding_input_is_a_400(node: Node) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(node).embeddings.create(model="smollm2", input=[[1, 2, 3]])
+    assert caught.value.body["code"] == "invalid_value"  # type: ignore[index]
+
+
+def test_unknown_model_is_a_404(node: Node) -> None:
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        _client(node).chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_curl_streams_sse(node: Node, tmp_path: Path) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    body = ('{"model": "smollm2", "stream": true, "max_tokens": 8, "temperature": 0,'
+            ' "messages": [{"role": "user", "content": "Say hello"}]}')
+    result = subprocess.run(
+        [curl, "-sS", "-N", "--max-time", "120", "-D", str(tmp_path / "head"),
+         "-H", "content-type: application/json", "-d", body,
+         f"{node.base_url}/chat/completions"],
+        capture_output=True, text=True, check=True)
+    head = (tmp_path / "head").read_text().lower()
+    assert "content-type: text/event-stream" in head
+    assert "transfer-encoding: chunked" in head
+    events = [e for e in result.stdout.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), result.stdout
+    assert events[-1] == "data: [DONE]"
+    assert len(events) > 2
+
+
+def test_metrics_are_prometheus_text(node: Node) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    assert response.status == 200
+    assert response.getheader("content-type", "").startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert line.startswith(("# HELP ", "# TYPE ")), line
+            continue
+        name, _, value = line.rpartition(" ")
+        samples[name] = float(value)
+    assert samples["routerd_resident_memory_bytes"] > 1 << 20
+    assert 'routerd_provider_attempts_total{provider="local",outcome="ok"}' in samples

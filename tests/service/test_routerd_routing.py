@@ -1,0 +1,254 @@
+"""routerd's routing under faults and load, for real: socket-activated, in
+front of a loopback OpenAI-style upstream (a thread of this test) whose
+behaviour per path the test switches.
+
+- memory pressure (a PSI file the test writes, `routing.psi_file`) sends
+  local work to the LAN tier, and back when it falls;
+- when every candidate is cooling, a request waits for the earliest to
+  reopen within its deadline, and gets 503 when none reopens in time;
+- triage traffic (x-syntrop-traffic: triage) passes user traffic queued
+  behind a full house.
+"""
+
+import asyncio
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import varlink
+
+from tests.support import activated
+
+#: name -> "ok" | "fail" | seconds to wait before answering.
+BEHAVIOUR: dict[str, Any] = {}
+SEEN: list[str] = []
+
+
+async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            request = None
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif not isinstance(event, h11.Data):
+                    return
+            assert request is not None
+            name = request.target.decode().split("/")[1]
+            SEEN.append(name)
+            behaviour = BEHAVIOUR.get(name, "ok")
+            if isinstance(behaviour, float):
+                await asyncio.sleep(behaviour)
+            status = 500 if behaviour == "fail" else 200
+            payload = json.dumps({"id": "x", "object": "chat.completion", "created": 0,
+                                  "model": "m", "choices": [{
+                                      "index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": name}}]})
+            writer.write(conn.send(h11.Response(status_code=status, headers=[
+                ("content-type", "application/json"),
+                ("content-length", str(len(payload)))])) + conn.send(
+                h11.Data(data=payload.encode())) + conn.send(h11.EndOfMessage()))
+            await writer.drain()
+            conn.start_next_cycle()
+    except (OSError, h11.ProtocolError):
+        pass
+    finally:
+        writer.close()
+
+
+@contextmanager
+def _upstream() -> Iterator[int]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    port: list[int] = []
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        server = await asyncio.start_server(_serve, "127.0.0.1", 0)
+        port.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        async with server:
+            await stop.wait()
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        yield port[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(5)
+        loop.close()
+
+
+CONFIG = """
+[http]
+listen = ["127.0.0.1:0"]
+[routing]
+deadline = 8
+psi_threshold = 25
+psi_file = "{psi}"
+max_inflight = 2
+triage_reserved = 1
+
+[[providers]]
+id = "local"
+kind = "openai"
+tier = "local"
+endpoint = "http://127.0.0.1:{port}/local/v1"
+models = ["m"]
+
+[[providers]]
+id = "lan"
+kind = "openai"
+tier = "lan"
+endpoint = "http://127.0.0.1:{port}/lan/v1"
+models = ["m"]
+weight = 0.5                           # without pressure, local wins whatever the latency
+
+[[providers]]
+id = "flaky"
+kind = "openai"
+tier = "remote"
+endpoint = "http://127.0.0.1:{port}/flaky/v1"
+models = ["f"]
+
+[[providers]]
+id = "sleepy"
+kind = "openai"
+tier = "remote"
+endpoint = "http://127.0.0.1:{port}/sleepy/v1"
+models = ["slow"]
+"""
+
+
+class Node:
+    def __init__(self, root: Path, stack: ExitStack) -> None:
+        port = stack.enter_context(_upstream())
+        self.psi = root / "memory.pressure"
+        self.set_pressure(0.0)
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        (root / "config" / "routerd.toml").write_text(CONFIG.format(port=port, psi=self.psi))
+        daemon = stack.enter_context(activated("routerd", root))
+        self.varlink = varlink.Client(address=daemon.address)
+        stack.callback(self.varlink.cleanup)
+        self.port = next(int(a.rpartition(":")[2]) for a in self.call("GetStatus")["ingress"]
+                         if a.startswith("127.0.0.1:"))
+
+    def call(self, method: str, **params: Any) -> Any:
+        with self.varlink.open("io.syntrop.Router1") as router:
+            return getattr(router, method)(**params)
+
+    def set_pressure(self, some: float) -> None:
+        self.psi.write_text(f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=1\n"
+                            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+    def chat(self, model: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            headers={"content-type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        connection.close()
+        return response.status, answer
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    BEHAVIOUR.clear()
+    SEEN.clear()
+    with ExitStack() as stack:
+        yield Node(tmp_path, stack)
+
+
+def _content(answer: Any) -> str:
+    return str(answer["choices"][0]["message"]["content"])
+
+
+def test_memory_pressure_offloads_local_work_and_back(node: Node) -> None:
+    status, answer = node.chat("m")
+    assert (status, _content(answer)) == (200, "local")
+    node.set_pressure(60.0)
+    deadline = time.monotonic() + 5
+    while node.call("Route", model="m")["candidates"][0]["provider"] != "lan":
+        assert time.monotonic() < deadline, "pressure never seen"
+        time.sleep(0.2)
+    status, answer = node.chat("m")
+    assert (status, _content(answer)) == (200, "lan")
+    assert node.call("GetStatus")["memory_some"] == 60.0
+    node.set_pressure(3.0)
+    deadline = time.monotonic() + 5
+    while node.call("Route", model="m")["candidates"][0]["provider"] != "local":
+        assert time.monotonic() < deadline, "pressure never fell"
+        time.sleep(0.2)
+    assert _content(node.chat("m")[1]) == "local"
+
+
+def test_all_cooling_waits_for_the_earliest_reopening_within_the_deadline(node: Node) -> None:
+    BEHAVIOUR["flaky"] = "fail"
+    status, answer = node.chat("f")
+    assert (status, answer["error"]["code"]) == (502, "upstream_error")
+    BEHAVIOUR["flaky"] = "ok"
+    started = time.monotonic()
+    status, answer = node.chat("f")        # cooling for 5 s: waits, then probes
+    waited = time.monotonic() - started
+    assert (status, _content(answer)) == (200, "flaky"), answer
+    assert 4.0 <= waited < 8.0, waited
+    assert SEEN.count("flaky") == 2
+
+
+def test_cooling_past_the_deadline_is_a_503(node: Node) -> None:
+    BEHAVIOUR["flaky"] = "fail"
+    assert node.chat("f")[0] == 502        # open 5 s
+    assert node.chat("f")[0] == 502        # waited, probed, failed: open 10 s > deadline 8 s
+    started = time.monotonic()
+    status, answer = node.chat("f")
+    assert (status, answer["error"]["code"]) == (503, "providers_cooling")
+    assert time.monotonic() - started < 1.0
+    assert SEEN.count("flaky") == 2
+
+
+def test_triage_passes_queued_user_traffic(node: Node) -> None:
+    BEHAVIOUR["sleepy"] = 2.0              # "slow" is answered in 2 s
+    results: dict[str, tuple[float, int]] = {}
+
+    def timed(name: str, model: str, headers: dict[str, str] | None = None) -> None:
+        started = time.monotonic()
+        status, _ = node.chat(model, headers)
+        results[name] = (time.monotonic() - started, status)
+
+    # max_inflight 2, one reserved for triage: one slow user request fills
+    # the users' share, the next user request queues.
+    slow = threading.Thread(target=timed, args=("slow", "slow"))
+    slow.start()
+    time.sleep(0.3)
+    queued = threading.Thread(target=timed, args=("user", "m"))
+    queued.start()
+    time.sleep(0.3)
+    timed("triage", "m", {"x-syntrop-traffic": "triage"})
+    slow.join()
+    queued.join()
+    assert all(status == 200 for _, status in results.values()), results
+    assert results["triage"][0] < 1.0, results
+    assert results["user"][0] > 1.0, results     # it waited for the slow one

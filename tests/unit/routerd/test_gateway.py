@@ -1,0 +1,56 @@
+"""Gateway logic without sockets: offload when runtimed has no free slot,
+and the request that continues a stream."""
+
+import asyncio
+
+from syntrop.config import Paths
+from syntrop.routerd.config import Config, ProviderConfig
+from syntrop.routerd.gateway import Gateway, _continuation
+from syntrop.routerd.pressure import Pressure
+
+LOCAL = ProviderConfig(id="local", kind="runtimed", tier="local", models=("m",))
+REMOTE = ProviderConfig(id="remote", kind="openai", endpoint="http://h/v1", tier="remote",
+                        models=("m",))
+
+
+class Slots:
+    """Stands in for runtimed's GetLoad."""
+
+    def __init__(self) -> None:
+        self.free = 0
+
+    async def free_slots(self) -> int:
+        return self.free
+
+
+def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() -> None:
+    async def main() -> list[list[str]]:
+        gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)),
+                          Paths.from_environment(),
+                          pressure=Pressure(25.0, read=lambda: 0.0))
+        slots = Slots()
+        gateway.providers["local"] = slots  # type: ignore[assignment]
+        orders = []
+        for free in (0, 2):
+            slots.free = free
+            gateway._load_at = float("-inf")
+            gateway.throttled()                      # asks in the background
+            await asyncio.gather(*gateway._tasks)
+            orders.append([c.provider for c in gateway.route("m")])
+        return orders
+
+    assert asyncio.run(main()) == [["remote", "local"], ["local", "remote"]]
+
+
+def test_continuation_replays_the_prompt_with_the_text_sent() -> None:
+    chat = {"model": "m", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}
+    again = _continuation("chat/completions", chat, "Hello, wor", 3)
+    assert again["messages"][-1] == {"role": "assistant", "content": "Hello, wor"}
+    assert again["max_tokens"] == 7
+    assert chat["messages"] == [{"role": "user", "content": "hi"}]  # untouched
+    completion = _continuation("completions", {"model": "m", "prompt": "1, 2,"}, " 3,", 1)
+    assert completion["prompt"] == "1, 2, 3,"
+    assert "max_tokens" not in completion
+    assert _continuation("completions", {"prompt": "x", "max_tokens": 2}, "abc", 5)[
+        "max_tokens"] == 1
