@@ -47,7 +47,13 @@ class BlobTree:
     # adding -------------------------------------------------------------------
 
     def link_anonymous(self, fd: int, digest: str) -> bool:
-        """Name a verified anonymous file. False when the blob was there already."""
+        """Name a verified anonymous file. False when the blob was there already.
+
+        Blobs are 0444 whatever the umask (the unit's is 0077): runtimed opens
+        the descriptor it is handed through /proc/self/fd/N, and that open
+        checks the inode's mode against runtimed's own user. The store's
+        directory stays 0700, so nobody reaches a blob by its path."""
+        os.fchmod(fd, 0o444)
         try:
             files.link_anonymous(fd, self.path(digest))
         except FileExistsError:

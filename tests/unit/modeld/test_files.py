@@ -97,3 +97,24 @@ def test_lock_travels_with_a_passed_descriptor(tmp_path: Path) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_stored_blob_is_0444_under_the_unit_s_umask(tmp_path: Path) -> None:
+    """modeld runs with UMask=0077; runtimed opens the descriptor it is
+    handed through /proc/self/fd/N, which checks the mode against its own
+    user. A blob that came out 0400 could not be loaded by runtimed."""
+    from syntrop.modeld.blobs import BlobTree
+
+    blobs = BlobTree(tmp_path)
+    old = os.umask(0o077)
+    try:
+        fd = files.open_anonymous(blobs.blobs)
+    finally:
+        os.umask(old)
+    assert fd is not None
+    try:
+        os.write(fd, b"weights")
+        assert blobs.link_anonymous(fd, "0" * 64)
+    finally:
+        os.close(fd)
+    assert blobs.path("0" * 64).stat().st_mode & 0o777 == 0o444
