@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean
+.PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# systemd-sentry heals a unit broken by a bad drop-in, SmolLM2 deciding, on a
+# real systemd booted in private namespaces (root; see scripts/demo.py).
+demo: apt-deps $(STAMP)
+	$(PY) scripts/demo.py
 
 # Re-render interfaces/*.varlink from the contracts in src/syntrop/interfaces.
 idl: $(STAMP)

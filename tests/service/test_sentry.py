@@ -4,6 +4,9 @@ bad input with declared errors, and a manual Triage runs every phase, each
 failing fast, so the rules decide and the incident records it."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +79,8 @@ def test_sentry_manual_triage_phases_fail_fast_rules_decide(sentry: Activated) -
     elapsed = time.monotonic() - started
     assert elapsed < 5
     phases = {p["name"]: p["outcome"] for p in incident["phases"]}
-    assert phases == {"context": "failed", "lease": "failed", "decide": "skipped",
+    assert phases == {"context": "failed", "gang": "skipped", "lease": "failed",
+                      "decide": "skipped",
                       "execute": "failed", "verify": "skipped", "release": "skipped"}
     assert incident["decided_by"] == "rules"
     assert json.loads(incident["decision"]) == {
@@ -109,3 +113,45 @@ def test_sentry_incidents_survive_restart(tmp_path: Path) -> None:
     with activated("systemd-sentry", tmp_path, extra_env=env) as daemon:
         assert call(daemon, "GetIncident", id=incident["id"])["incident"] == incident
         assert error(daemon, "ResetBreaker", unit="bad name")[0] == f"{NAME}.InvalidUnitName"
+
+
+def syn(daemon: Activated, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(daemon.root / "run"), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "incidents", *args],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_syn_incidents_table_one_in_full_and_json(tmp_path: Path) -> None:
+    env = {"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus"}
+    with activated("systemd-sentry", tmp_path, extra_env=env) as daemon:
+        first = call(daemon, "Triage", unit="shown.service")["incident"]
+        call(daemon, "Triage", unit="other.service")
+
+        table = syn(daemon, "--limit", "5")
+        assert table.returncode == 0, table.stderr
+        assert "2 incidents" in table.stdout
+        row = next(line for line in table.stdout.splitlines() if "shown.service" in line)
+        assert first["id"][:12] in row and "unit_restart" in row and "rules" in row
+        assert "failed" in row
+
+        full = syn(daemon, first["id"])
+        assert full.returncode == 0, full.stderr
+        for name in ("context", "gang", "lease", "decide", "execute", "verify", "release"):
+            assert name in full.stdout
+        assert "result: failed" in full.stdout and "(by rules)" in full.stdout
+
+        as_json = syn(daemon, "--json", "--unit", "shown.service")
+        assert json.loads(as_json.stdout) == [first]
+        assert json.loads(syn(daemon, first["id"], "--json").stdout) == first
+
+        missing = syn(daemon, "nope")
+        assert missing.returncode == 1 and "Traceback" not in missing.stderr
+        assert missing.stderr.strip() == \
+            'syn: systemd-sentry answered IncidentNotFound {"id": "nope"}'
+        bad = syn(daemon, "--unit", "no/such")
+        assert bad.returncode == 1 and bad.stderr.startswith("syn: systemd-sentry answered "
+                                                             "InvalidParameter")
+        assert syn(daemon, "--limit", "5000").stderr.strip() == \
+            "syn: --limit must be between 0 and 1000"
+    gone = syn(daemon)
+    assert gone.returncode == 1 and gone.stderr.startswith("syn: cannot reach systemd-sentry")

@@ -554,3 +554,15 @@ class Instance:
     def write(self, inside: str, text: str) -> None:
         """Write a file through the instance (never behind the overlay's back)."""
         self.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", inside], input=text)
+
+
+def pull_into_modeld(instance: Instance, path: Path, name: str) -> str:
+    """`syn pull PATH --name NAME` inside the instance: its syn reads the
+    file and hands modeld a descriptor. A file outside the checkout (which
+    the instance sees at the same path) is copied into the instance first.
+    Returns syn's output."""
+    inside = str(path.resolve())
+    if not inside.startswith(str(instance.checkout) + "/"):
+        inside = f"/var/tmp/{path.name}"
+        shutil.copyfile(path, instance.host_path(inside))
+    return instance.run(["syn", "pull", inside, "--name", name], timeout=300).stdout

@@ -71,7 +71,10 @@ def report(incident: dict[str, Any]) -> None:
     phases = ", ".join(f"{p['name']} {p['outcome']} {p['duration_usec'] / 1000:.1f} ms"
                        for p in incident["phases"])
     decide = [p["detail"] for p in incident["phases"] if p["name"] == "decide"]
-    print(f"\n{incident['summary']}: {phases}; decide: {decide}")
+    ends = [p["started_usec"] + p["duration_usec"] for p in incident["phases"]
+            if p["name"] == "execute" and p["outcome"] == "ok"]
+    healed = f"{(ends[0] - incident['detected_usec']) / 1e6:.2f} s" if ends else "-"
+    print(f"\n{incident['summary']}: {phases}; decide: {decide}; failure → action done {healed}")
 
 
 def tools(incidents: list[dict[str, Any]]) -> list[str | None]:

@@ -155,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
     from syntrop.cli import run
 
     run.register(commands)  # run, ps
+    from syntrop.cli import incidents
+
+    incidents.register(commands)  # incidents
     return top
 
 

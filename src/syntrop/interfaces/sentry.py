@@ -15,7 +15,7 @@ class Phase:
     """One phase of a triage.
 
     Fields:
-        name: context, lease, decide, execute, verify or release.
+        name: context, gang, lease, decide, execute, verify or release.
         started_usec: When it started, microseconds since the epoch.
         duration_usec: How long it took.
         budget_usec: Its hard time budget.
@@ -43,7 +43,8 @@ class Incident:
             or backoff_retry (a unit still failed when its backoff ran out).
         decision: The chosen action as a Tool1.Execute call, JSON.
         decided_by: model or rules (the deterministic fallback).
-        result: healed, failed, breaker_open, ignored or in_progress.
+        result: healed, failed, left_alone (the model chose no action),
+            breaker_open or in_progress.
         phases: The phases with their timings.
         summary: One line for humans.
     """

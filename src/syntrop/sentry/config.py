@@ -4,11 +4,13 @@
     watch_syntrop = false         # also triage syntrop's own units
     recent_sec = 600              # a drop-in changed this close before a failure is blamed
     queue = 64                    # failure signals waiting for triage; more are dropped
+    sysfs_root = "/"              # where gang triage finds /sys (PCI addresses of planes)
 
     [budgets]                     # milliseconds per phase
     context = 1000
+    gang = 1000
     lease = 1000
-    decide = 1500
+    decide = 1800
     execute = 30000
     verify = 10000
     release = 500
@@ -41,6 +43,7 @@ class Config:
     watch_syntrop: bool = False
     recent_usec: int = 600 * SECOND
     queue: int = 64
+    sysfs_root: Path = Path("/")
     budgets: Budgets = field(default_factory=Budgets)
     policy: Policy = field(default_factory=Policy)
 
@@ -64,6 +67,9 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
     breaker = data.get("breaker", {})
     if not isinstance(budgets, dict) or not isinstance(breaker, dict):
         raise ConfigError(f"{where}: [budgets] and [breaker] must be tables")
+    sysfs_root = data.get("sysfs_root", "/")
+    if not isinstance(sysfs_root, str) or not sysfs_root.startswith("/"):
+        raise ConfigError(f"{where}: sysfs_root must be an absolute path")
     d = Budgets()
 
     def ms(key: str, default_usec: int) -> int:
@@ -83,8 +89,10 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
         watch_syntrop=bool(data.get("watch_syntrop", False)),
         recent_usec=int(_number(data, "recent_sec", 600, where) * SECOND),
         queue=max(1, int(_number(data, "queue", 64, where))),
+        sysfs_root=Path(sysfs_root),
         budgets=Budgets(
-            context_usec=ms("context", d.context_usec), lease_usec=ms("lease", d.lease_usec),
+            context_usec=ms("context", d.context_usec), gang_usec=ms("gang", d.gang_usec),
+            lease_usec=ms("lease", d.lease_usec),
             decide_usec=ms("decide", d.decide_usec), execute_usec=ms("execute", d.execute_usec),
             verify_usec=ms("verify", d.verify_usec), release_usec=ms("release", d.release_usec)),
         policy=policy)

@@ -1,13 +1,16 @@
-"""The triage pipeline: context → lease → decide → execute → verify →
-release, each phase under its own hard budget (asyncio.timeout).
+"""The triage pipeline: context → gang → lease → decide → execute → verify
+→ release, each phase under its own hard budget (asyncio.timeout).
 
 Design note: the phases are injected async callables, so this module does
 no I/O of its own (service.py wires them to the daemons, tests to fakes).
 A phase that overruns or fails never stops the triage: without context the
 rules decide on what they have; without a lease the model is not asked;
 when the model cannot decide (Runtime1 missing, a timeout, a bad answer)
-the rules decide and the incident says decided_by=rules. The release phase
-always runs when a lease was taken.
+the rules decide and the incident says decided_by=rules. The model may
+also choose `none`: nothing is executed. The gang phase (when wired) runs
+when the context has kernel or journal lines: it quarantines faulty GPU
+planes, and the triage goes on. The release phase always runs when a lease
+was taken.
 """
 
 import asyncio
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from syntrop.sentry import rules
+from syntrop.sentry.decide import NONE
 from syntrop.sentry.rules import Change, Decision
 
 logger = logging.getLogger(__name__)
@@ -39,7 +43,14 @@ class Facts:
 
     failure_usec: int
     changes: list[Change] = field(default_factory=list)
+    #: The unit's journal lines around the failure (messages).
+    journal: list[str] = field(default_factory=list)
     summary: str = ""
+
+    def kernel_lines(self) -> list[str]:
+        """What gang triage reads: kernel events' summaries and the journal."""
+        return [c.summary for c in self.changes if c.kind == "kernel" and c.summary] + \
+            self.journal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +71,10 @@ class Phases:
     execute: Callable[[Decision], Awaitable[Executed]]
     verify: Callable[[str], Awaitable[bool]]
     release: Callable[[str], Awaitable[None]]
+    #: Gang triage: quarantines faulty planes, returns what it did in words.
+    gang: Callable[[str, Facts], Awaitable[str]] | None = None
+    #: What the model had answered so far, for a decide phase that overran.
+    decide_progress: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +85,9 @@ class Budgets:
     be socket-activated from cold (about 0.5 s measured), see docs/sentry.md."""
 
     context_usec: int = 1_000 * MS
+    gang_usec: int = 1_000 * MS
     lease_usec: int = 1_000 * MS
-    decide_usec: int = 1_500 * MS
+    decide_usec: int = 1_800 * MS
     execute_usec: int = 30_000 * MS
     verify_usec: int = 10_000 * MS
     release_usec: int = 500 * MS
@@ -119,15 +135,29 @@ class _Run:
         self.phases: list[PhaseRecord] = []
 
     async def phase(self, name: str, budget_usec: int, call: Callable[[], Awaitable[T]],
-                    describe: Callable[[Any], str] = str) -> tuple[bool, T | None]:
+                    describe: Callable[[Any], str] = str,
+                    progress: Callable[[], str] | None = None) -> tuple[bool, T | None]:
         started = self.clock()
+        # The phase runs as a task of its own and is waited for with a
+        # timeout, rather than cancelled from inside by asyncio.timeout: a
+        # cancellation that races a ready result inside asyncio.wait_for
+        # (Python 3.11, e.g. a streamed Chat reply) is lost, and the budget
+        # with it. Here the budget holds whatever the phase does.
+        task: asyncio.Future[T] = asyncio.ensure_future(call())
         try:
-            async with asyncio.timeout(budget_usec / 1e6):
-                value = await call()
-        except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=budget_usec / 1e6)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            _abandon(task)
+            so_far = progress() if progress is not None else ""
             self._add(name, started, budget_usec, "timeout",
-                      f"over its budget of {budget_usec // MS} ms")
+                      f"over its budget of {budget_usec // MS} ms" + (f"; {so_far}" if so_far
+                                                                     else ""))
             return False, None
+        try:
+            value = task.result()
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a phase's failure must not stop the triage
@@ -144,6 +174,23 @@ class _Run:
         self.phases.append(PhaseRecord(
             name=name, started_usec=started, duration_usec=max(self.clock() - started, 0),
             budget_usec=budget, outcome=outcome, detail=detail[:500]))
+
+
+_ABANDONED: set[asyncio.Future[Any]] = set()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel an overrun phase and let it end on its own (its outcome, if it
+    ever has one, is dropped)."""
+    task.cancel()
+    _ABANDONED.add(task)
+
+    def dropped(done: asyncio.Future[Any]) -> None:
+        _ABANDONED.discard(done)
+        if not done.cancelled():
+            done.exception()  # retrieved: never "exception was never retrieved"
+
+    task.add_done_callback(dropped)
 
 
 def _short(error: BaseException) -> str:
@@ -171,6 +218,12 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         lambda f: f.summary or f"{len(f.changes)} changes")
     if facts is None:
         facts = Facts(failure_usec=detected_usec)
+    if phases.gang is not None:
+        gang, known_facts = phases.gang, facts
+        if facts.kernel_lines():
+            await run.phase("gang", budgets.gang_usec, lambda: gang(unit, known_facts))
+        else:
+            run.skip("gang", budgets.gang_usec, "no kernel or journal lines")
 
     got_lease, lease_id = await run.phase("lease", budgets.lease_usec,
                                           lambda: phases.lease(unit))
@@ -180,7 +233,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         known = facts
         ok, decision = await run.phase(
             "decide", budgets.decide_usec, lambda: phases.decide(unit, known),
-            lambda d: f"model: {encode(d)}")
+            lambda d: f"model chose {encode(d)}; {d.reason}", phases.decide_progress)
         if ok and decision is not None:
             decided_by = "model"
     else:
@@ -191,9 +244,10 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
 
     healed = False
     executed: Executed | None = None
-    if decision is None:
-        run.skip("execute", budgets.execute_usec, "no action")
-        run.skip("verify", budgets.verify_usec, "no action")
+    if decision is None or decision.tool == NONE:
+        why = "the model chose no action" if decision else "no action"
+        run.skip("execute", budgets.execute_usec, why)
+        run.skip("verify", budgets.verify_usec, why)
     else:
         chosen = decision
         ok, executed = await run.phase(
@@ -215,6 +269,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         run.skip("release", budgets.release_usec, "no lease held")
 
     result = "healed" if healed else "failed"
+    if decision is not None and decision.tool == NONE:
+        result = "left_alone"
     action = decision.tool if decision else "nothing"
     how = executed.outcome if executed else "not run"
     summary = f"{unit}: {trigger}; {decided_by} chose {action} ({how}); {result}"
@@ -225,18 +281,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
 
 
 def _names(budgets: Budgets) -> list[tuple[str, int]]:
-    return [("context", budgets.context_usec), ("lease", budgets.lease_usec),
+    return [("context", budgets.context_usec), ("gang", budgets.gang_usec),
+            ("lease", budgets.lease_usec),
             ("decide", budgets.decide_usec), ("execute", budgets.execute_usec),
             ("verify", budgets.verify_usec), ("release", budgets.release_usec)]
-
-
-def parse_decision(text: str) -> Decision:
-    """A model's answer as a Tool1.Execute call: {"tool": ..., "parameters": {...}}.
-    Raises ValueError for anything else."""
-    value: Any = json.loads(text)
-    if not isinstance(value, dict) or not isinstance(value.get("tool"), str):
-        raise ValueError("not a Tool1.Execute call")
-    parameters = value.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise ValueError("parameters is not an object")
-    return Decision(tool=value["tool"], parameters=parameters, reason="model")

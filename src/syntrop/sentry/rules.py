@@ -15,13 +15,17 @@ DEFAULT_RECENT_USEC = 600 * 1_000_000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Change:
-    """A file change contextd reported: its kind (dropin, unit_file, config,
-    package, kernel), when, and the path when there is one."""
+    """A change contextd reported: its kind (dropin, unit_file, config,
+    package, kernel), when, the path or package when there is one, its
+    action (modified, upgrade, gpu, ...) and contextd's one-line summary."""
 
     kind: str
     timestamp_usec: int
     path: str | None = None
     unit: str | None = None
+    action: str | None = None
+    package: str | None = None
+    summary: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -73,7 +73,8 @@ class SentryService(Sentry1):
         self.systemd = systemd
         self.slots: list[Any] = []
         self.clock = wall_clock_usec
-        live = Live(systemd=systemd, model=MODEL, hold_sec=HOLD_SEC)
+        live = Live(systemd=systemd, model=MODEL, hold_sec=HOLD_SEC,
+                    recent_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root)
         self.supervisor = Supervisor(self.store, live.phases(), self.config, self.clock,
                                      on_change=self._status, still_failed=live.still_failed)
         self.supervisor.start()
