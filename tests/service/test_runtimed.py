@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncvarlink import VarlinkErrorReply
 
 from syntrop.interfaces.model import Model1, ModelInUse
 from syntrop.interfaces.runtime import (
@@ -43,6 +45,7 @@ from tests.models import SMOLLM2_SHA256, require_llama, smollm2
 from tests.support import activated
 
 SHA256 = SMOLLM2_SHA256
+INVALID_PARAMETER = "org.varlink.service.InvalidParameter"
 
 require_llama()
 
@@ -278,7 +281,7 @@ def test_client_going_away_frees_the_slot(node: Node) -> None:
         with contextlib.suppress(Exception):
             await replies.aclose()
         async with await node.runtimed() as again:
-            for _ in range(100):
+            for _ in range(250):
                 load = await again.GetLoad()
                 if load["free_slots"] == load["total_slots"]:
                     break
@@ -341,29 +344,270 @@ def test_syn_run_one_shot_and_ps(node: Node) -> None:
     ps = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "ps", "--json"], env=env,
                         capture_output=True, text=True, timeout=60)
     assert ps.returncode == 0, ps.stderr
-    assert "smollm2" in json.loads(ps.stdout)["loaded_models"]
+    listed = json.loads(ps.stdout)
+    assert "smollm2" in listed["loaded_models"]
+    (model,) = listed["models"]
+    assert model["name"] == "smollm2" and 0 < model["keep_alive_s"] <= 300
+    table = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "ps"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "KEEP-ALIVE" in table.stdout and re.search(r"smollm2 .* \d+ s$", table.stdout,
+                                                      re.MULTILINE), table.stdout
     missing = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "run", "nope", "hi"],
                              env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "ModelNotFound" in missing.stderr
 
 
 def test_beyond_slots_and_queue_is_busy(tmp_path: Path) -> None:
-    """One slot, no queue: while a session holds the slot, a completion is
-    refused with Busy at once; after Close it runs."""
+    """One slot, no queue: while a stream holds the slot, another request is
+    refused with Busy at once (an idle session would be spilled instead;
+    a running stream is not); once the stream ends, it runs."""
 
     async def main(node: Node) -> None:
-        async with await node.runtimed() as runtime:
-            opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
-                                               config=None)
-            load = await runtime.GetLoad()
+        async with await node.runtimed() as runtime, await node.runtimed() as other:
+            replies = runtime.Complete(model="smollm2", prompt="Count: 1, 2, 3,",
+                                       sampling=greedy(max_tokens=2000))
+            await replies.__anext__()
+            load = await other.GetLoad()
             assert (load["free_slots"], load["total_slots"]) == (0, 1)
             with pytest.raises(Busy):
-                await collect(runtime.Complete(model="smollm2", prompt="x",
-                                               sampling=greedy(4)))
-            await runtime.Close(session_id=opened["session_id"])
+                await collect(other.Complete(model="smollm2", prompt="x",
+                                             sampling=greedy(4)))
+            with pytest.raises(Busy):
+                await other.OpenSession(owner_instance_id="o", model="smollm2", config=None)
+            await replies.aclose()
+        async with await node.runtimed() as runtime:
+            for _ in range(200):
+                if (await runtime.GetLoad())["free_slots"] == 1:
+                    break
+                await asyncio.sleep(0.02)
             text, _ = await collect(runtime.Complete(model="smollm2", prompt="1, 2, 3,",
                                                      sampling=greedy(4)))
             assert text
 
     with started(tmp_path / "node", "[runtimed]\nslots = 1\nqueue = 0\n") as node:
+        node.run(main(node))
+
+
+@pytest.mark.parametrize("spill_ram", [0, 1 << 30], ids=["to-disk", "in-memory"])
+def test_idle_session_is_spilled_and_restored_warm(tmp_path: Path, spill_ram: int) -> None:
+    """One slot, two sessions: opening the second spills the first (idle)
+    to memory or, beyond the budget, to a file under the state directory;
+    the next call on the first restores it and reuses its whole prefix, and
+    it decodes exactly what an unspilled session with the same prefix does."""
+    prefix = "The quick brown fox jumps over the lazy dog by the river. " * 12
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            sessions = []
+            for owner_session in range(2):
+                opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                                   config=None)
+                sid = opened["session_id"]
+                sessions.append(sid)
+                status = await runtime.EnsurePrefix(session_id=sid, text=prefix,
+                                                    manifest=manifest())
+                assert status["reused_tokens"] == 0, owner_session
+                load = await runtime.GetLoad()
+                assert load["free_slots"] == 0
+                assert load["spilled_sessions"] == owner_session
+            first, second = sessions
+            files = list(node.root.glob("state/**/spill/*.kv"))
+            assert [f.stem for f in files] == ([first] if spill_ram == 0 else [])
+            report = await runtime.ExplainContext(session_id=first)
+            assert report["resident_tokens"] == status["prefix_tokens"]
+            # The second session decodes from its prefix: the reference text.
+            reference, _ = await collect(runtime.Decode(session_id=second,
+                                                        sampling=greedy(12)))
+            # The first comes back warm (the second is spilled in its place).
+            warm = await runtime.EnsurePrefix(session_id=first, text=prefix,
+                                              manifest=manifest())
+            assert warm["reused_tokens"] == warm["prefix_tokens"] == status["prefix_tokens"]
+            assert warm["prefilled_tokens"] == 0
+            assert (await runtime.GetLoad())["spilled_sessions"] == 1
+            assert not list(node.root.glob(f"state/**/spill/{first}.kv"))
+            restored, _ = await collect(runtime.Decode(session_id=first,
+                                                       sampling=greedy(12)))
+            assert restored == reference and restored
+            # Closing a spilled session drops its state.
+            await runtime.Close(session_id=second)
+            load = await runtime.GetLoad()
+            assert load["spilled_sessions"] == 0 and load["free_slots"] == 0
+            assert not list(node.root.glob("state/**/spill/*.kv"))
+            await runtime.Close(session_id=first)
+            assert (await runtime.GetLoad())["free_slots"] == 1
+
+    config = f"[runtimed]\nslots = 1\nqueue = 0\nspill_ram = {spill_ram}\n"
+    with started(tmp_path / "node", config) as node:
+        node.run(main(node))
+
+
+def test_lost_spill_file_means_a_cold_session(tmp_path: Path) -> None:
+    """A spilled session whose file is gone comes back cold, declared:
+    Decode answers NoPrefix, EnsurePrefix prefills everything again."""
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            first = (await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                               config=None))["session_id"]
+            await runtime.EnsurePrefix(session_id=first, text="1, 2, 3, 4,",
+                                       manifest=manifest())
+            await runtime.OpenSession(owner_instance_id="o", model="smollm2", config=None)
+            (spilled,) = node.root.glob(f"state/**/spill/{first}.kv")
+            spilled.unlink()
+            with pytest.raises(NoPrefix):
+                await collect(runtime.Decode(session_id=first, sampling=greedy(4)))
+            again = await runtime.EnsurePrefix(session_id=first, text="1, 2, 3, 4,",
+                                               manifest=manifest())
+            assert again["reused_tokens"] == 0 and again["prefilled_tokens"] > 0
+            text, _ = await collect(runtime.Decode(session_id=first, sampling=greedy(4)))
+            assert text
+
+    with started(tmp_path / "node", "[runtimed]\nslots = 1\nspill_ram = 0\n") as node:
+        node.run(main(node))
+
+
+def test_idle_model_is_unloaded_after_keep_alive(tmp_path: Path) -> None:
+    """A model stays resident while a session is open (keep-alive null),
+    counts down once idle, and is unloaded past it; the next request loads
+    it again."""
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                               config=None)
+            await asyncio.sleep(1.5)
+            (model,) = (await runtime.GetLoad())["models"]
+            assert model.name == "smollm2" and model.sessions == 1 and model.busy == 0
+            assert model.keep_alive_s is None
+            await runtime.Close(session_id=opened["session_id"])
+            (model,) = (await runtime.GetLoad())["models"]
+            assert model.keep_alive_s is not None and 0.5 < model.keep_alive_s <= 1.0
+            for _ in range(100):
+                load = await runtime.GetLoad()
+                if not load["loaded_models"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert load["loaded_models"] == [] and load["resident_bytes"] == 0
+            text, _ = await collect(runtime.Complete(model="smollm2", prompt="1, 2, 3,",
+                                                     sampling=greedy(4)))
+            assert text and (await runtime.GetLoad())["loaded_models"] == ["smollm2"]
+        # modeld no longer counts it in use once unloaded.
+        for _ in range(100):
+            if not (await runtime_load(node))["loaded_models"]:
+                break
+            await asyncio.sleep(0.05)
+        async with await node.modeld() as modeld:
+            await modeld.Remove(name="smollm2")
+
+    with started(tmp_path / "node", "[runtimed]\nkeep_alive = 1\n") as node:
+        node.run(main(node))
+
+
+async def runtime_load(node: Node) -> Any:
+    async with await node.runtimed() as runtime:
+        return await runtime.GetLoad()
+
+
+def test_kv_cache_type_and_min_p(node: Node) -> None:
+    """q8_0 and q4_0 KV caches load and answer; min_p is passed through
+    (1.0 keeps only the most likely token: the greedy text at any
+    temperature); out-of-range values are declared errors."""
+
+    def config(kv: str | None, flash: bool | None = None) -> SessionConfig:
+        return SessionConfig(n_ctx=256, n_batch=None, n_threads=None, n_gpu_layers=None,
+                             flash_attn=flash, kv_cache_type=kv, prompt_format=None,
+                             disable_bos=None)
+
+    async def main() -> None:
+        async with await node.runtimed() as runtime:
+            for kv in ("q8_0", "q4_0", "f16"):
+                opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                                   config=config(kv))
+                sid = opened["session_id"]
+                await runtime.EnsurePrefix(session_id=sid, text="1, 2, 3, 4,",
+                                           manifest=manifest(runtime_digest=kv))
+                text, _ = await collect(runtime.Decode(session_id=sid, sampling=greedy(6)))
+                assert "5" in text, (kv, text)
+                await runtime.Close(session_id=sid)
+            for bad in ("q5_k", "F16", "x" * 300):
+                with pytest.raises(VarlinkErrorReply) as caught:
+                    await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                              config=config(bad))
+                assert caught.value.name == INVALID_PARAMETER
+                assert caught.value.paramstojson() == {"parameter": "config.kv_cache_type"}
+            with pytest.raises(VarlinkErrorReply) as caught:
+                await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                          config=config("q8_0", flash=False))
+            assert caught.value.paramstojson() == {"parameter": "config.flash_attn"}
+            greedy_text, _ = await collect(runtime.Complete(
+                model="smollm2", prompt="Once upon a time", sampling=greedy(16)))
+            hot = Sampling(max_tokens=16, temperature=5.0, top_p=None, top_k=None, seed=7,
+                           stop=None, min_p=1.0)
+            hot_text, _ = await collect(runtime.Complete(model="smollm2",
+                                                         prompt="Once upon a time",
+                                                         sampling=hot))
+            assert hot_text == greedy_text
+            for value in (-0.1, 1.5):
+                bad_p = Sampling(max_tokens=4, temperature=None, top_p=None, top_k=None,
+                                 seed=None, stop=None, min_p=value)
+                with pytest.raises(InvalidSampling) as caught_s:
+                    await collect(runtime.Complete(model="smollm2", prompt="x",
+                                                   sampling=bad_p))
+                assert caught_s.value.parameters["parameter"] == "min_p"
+            assert (await runtime.GetLoad())["free_slots"] == 4
+
+    node.run(main())
+
+
+def test_syn_run_interactive(node: Node) -> None:
+    """`syn run MODEL` without a prompt: a chat on stdin. Each line gets a
+    streamed answer, the conversation carries over, /bye ends it; end of
+    input ends it too."""
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(node.root / "run")}
+    argv = [sys.executable, "-m", "syntrop.cli.syn", "run", "--temperature", "0.2", "--seed",
+            "42", "--max-tokens", "48", "smollm2"]
+    chat = subprocess.run(argv, input="What is the capital of France?\n\n"
+                          "And of Italy?\n/bye\nnever asked\n",
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert chat.returncode == 0, chat.stderr
+    assert "Paris" in chat.stdout
+    assert chat.stdout.count(">>> ") == 4, chat.stdout  # two questions, a blank, /bye
+    assert "never asked" not in chat.stdout
+    eof = subprocess.run(argv, input="What is the capital of France?\n", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert eof.returncode == 0 and "Paris" in eof.stdout, eof.stderr
+    closed = subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert closed.returncode == 0 and closed.stderr == ""
+
+
+@pytest.mark.parametrize("layout", ["auto", "instances", "threads"])
+def test_concurrent_streams_under_each_layout(tmp_path: Path, layout: str) -> None:
+    """Four streams at once on four slots, each layout: every stream gives
+    the text it gives alone (greedy), and all slots come back."""
+    prompts = ["1, 2, 3, 4,", "Once upon a time", "The capital of France is", "a, b, c, d,"]
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            alone = [(await collect(runtime.Complete(model="smollm2", prompt=p,
+                                                     sampling=greedy(16))))[0]
+                     for p in prompts]
+
+        async def stream(prompt: str) -> str:
+            async with await node.runtimed() as runtime:
+                return (await collect(runtime.Complete(model="smollm2", prompt=prompt,
+                                                       sampling=greedy(16))))[0]
+
+        together = await asyncio.gather(*(stream(p) for p in prompts))
+        assert list(together) == alone and all(alone)
+        for _ in range(100):  # a slot comes back when its worker thread ends
+            load = await runtime_load(node)
+            if load["free_slots"] == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert load["free_slots"] == load["total_slots"] == 4
+
+    config = f'[runtimed]\nslots = 4\nlayout = "{layout}"\n'
+    with started(tmp_path / "node", config) as node:
         node.run(main(node))

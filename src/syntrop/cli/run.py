@@ -1,12 +1,13 @@
 """`syn run MODEL [PROMPT]` and `syn ps`: runtimed from the terminal.
 
 `syn run` streams the answer as it comes: one-shot when a prompt is given,
-otherwise a chat that keeps the conversation until end of input. `syn ps`
-shows what runtimed holds (GetLoad).
+otherwise a chat that keeps the conversation until /bye or end of input.
+`syn ps` shows what runtimed holds (GetLoad): models, slots, keep-alive left.
 """
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 
 #: Seconds a stream may go without a reply (a model load included).
 STREAM_TIMEOUT = 300.0
+#: Lines that end an interactive chat.
+BYE = ("/bye", "/exit")
 
 
 class RunError(Exception):
@@ -74,6 +77,8 @@ async def _run(args: argparse.Namespace) -> int:
                 return 0
             if not line.strip():
                 continue
+            if line.strip() in BYE:
+                return 0
             messages.append(ChatMessage(role="user", content=line))
             text = await _answer(client, args.model, messages, sampling)
             messages.append(ChatMessage(role="assistant", content=text))
@@ -83,13 +88,25 @@ async def _ps(args: argparse.Namespace) -> int:
     async with await _connect() as client:
         load = await client.GetLoad()
     if args.json:
-        print(json.dumps(load, indent=2))
+        print(json.dumps(load, indent=2, default=dataclasses.asdict))
         return 0
     print(f"slots: {load['total_slots'] - load['free_slots']} of {load['total_slots']} in use, "
           f"{load['queue_depth']} waiting")
-    print(f"resident: {load['resident_bytes'] / 2**20:.1f} MiB")
-    for model in load["loaded_models"]:
-        print(f"  {model}")
+    print(f"resident: {load['resident_bytes'] / 2**20:.1f} MiB"
+          + (f", {load['spilled_sessions']} sessions spilled" if load.get("spilled_sessions")
+             else ""))
+    models = load.get("models")
+    if models is None:  # an older runtimed: names only
+        for name in load["loaded_models"]:
+            print(f"  {name}")
+        return 0
+    if models:
+        print(f"  {'MODEL':24} {'SIZE':>10} {'BUSY':>4} {'SESSIONS':>8}  KEEP-ALIVE")
+    for model in models:
+        left = model.keep_alive_s
+        until = "in use" if left is None else f"{left:.0f} s"
+        print(f"  {model.name:24} {model.resident_bytes / 2**20:7.1f} MiB {model.busy:4} "
+              f"{model.sessions:8}  {until}")
     return 0
 
 

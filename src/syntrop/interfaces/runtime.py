@@ -26,7 +26,8 @@ class SessionConfig:
         n_threads: CPU threads; 0 for all.
         n_gpu_layers: Layers offloaded to a GPU; 0 for CPU only.
         flash_attn: Use flash attention.
-        kv_cache_type: Empty for f16, or q8_0, q4_0.
+        kv_cache_type: KV-cache element type: f16 (also empty or null), q8_0
+            or q4_0; the quantised types turn on flash attention.
         prompt_format: Prompt format declared by the profile, e.g. chatml.
         disable_bos: Do not add a BOS token.
     """
@@ -88,6 +89,8 @@ class Sampling:
         top_k: Keep only the k most likely tokens; 0 for all.
         seed: Random seed; the same seed gives the same text.
         stop: Stop sequences.
+        min_p: Drop tokens less likely than min_p times the most likely one;
+            0 to 1, null for 0.05.
     """
 
     max_tokens: int | None
@@ -96,6 +99,7 @@ class Sampling:
     top_k: int | None
     seed: int | None
     stop: list[str] | None
+    min_p: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +127,26 @@ class Embedding:
     """
 
     vector: list[float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedModel:
+    """A model resident in runtimed.
+
+    Fields:
+        name: Model name in modeld.
+        resident_bytes: Bytes of its weights.
+        busy: Streams and embeddings running on it now.
+        sessions: Sessions open on it, spilled ones included.
+        keep_alive_s: Seconds left before it is unloaded if it stays idle;
+            null while it is in use.
+    """
+
+    name: str
+    resident_bytes: int
+    busy: int
+    sessions: int
+    keep_alive_s: float | None
 
 
 class OpenSessionResult(TypedDict):
@@ -173,6 +197,8 @@ class LoadResult(TypedDict):
     resident_bytes: int
     loaded_models: list[str]
     queue_depth: int
+    models: list[LoadedModel] | None
+    spilled_sessions: int | None
 
 
 class ModelNotFound(TypedVarlinkErrorReply, interface=NAME):
@@ -452,4 +478,7 @@ class Runtime1(Interface, name=NAME):
             resident_bytes: Bytes of models resident.
             loaded_models: Models resident.
             queue_depth: Requests waiting for a slot.
+            models: Each resident model with its keep-alive left.
+            spilled_sessions: Idle sessions whose state is parked in host
+                memory or on disk, holding no slot.
         """

@@ -4,14 +4,23 @@
     slots = 4          # concurrent contexts (sessions and streams)
     queue = 8          # requests that may wait for a slot; more get Busy
     n_ctx = 2048       # default context window
-    n_threads = 0      # threads per context; 0 for all CPUs
+    n_threads = 0      # most threads per context; 0 for all CPUs
+    layout = "auto"    # auto, instances or threads (layout.py)
+    instances = 0      # layout "instances": contexts computing side by
+                       # side, n_threads / instances threads each; 0: one per CPU
+    keep_alive = 300   # seconds an idle model stays resident
+    spill_ram = 268435456  # bytes of spilled session state kept in memory;
+                           # more goes to files under $STATE_DIRECTORY
 """
 
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from syntrop.runtimed.layout import LAYOUTS
+
 FILE = "runtimed.toml"
+INTEGERS = ("slots", "queue", "n_ctx", "n_threads", "instances", "spill_ram")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +29,16 @@ class Config:
     queue: int = 8
     n_ctx: int = 2048
     n_threads: int = 0
+    layout: str = "auto"
+    instances: int = 0
+    keep_alive: float = 300.0
+    spill_ram: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"{FILE}: layout is one of {', '.join(LAYOUTS)}")
+        if self.keep_alive < 0 or any(getattr(self, k) < 0 for k in INTEGERS):
+            raise ValueError(f"{FILE}: negative value")
 
 
 def load(directory: Path) -> Config:
@@ -29,5 +48,9 @@ def load(directory: Path) -> Config:
     except FileNotFoundError:
         return Config()
     section = data.get("runtimed", {})
-    values = {k: int(section[k]) for k in ("slots", "queue", "n_ctx", "n_threads") if k in section}
-    return Config(**values)
+    values: dict[str, object] = {k: int(section[k]) for k in INTEGERS if k in section}
+    if "layout" in section:
+        values["layout"] = str(section["layout"])
+    if "keep_alive" in section:
+        values["keep_alive"] = float(section["keep_alive"])
+    return Config(**values)  # type: ignore[arg-type]

@@ -11,7 +11,13 @@ engine is loaded: modeld counts an open descriptor as "in use".
 
 Concurrency: one Engine serves one request at a time (`lock`); generation
 checks a `threading.Event` before every token, so a client that goes away
-stops the engine within one token.
+stops the engine within one token. Several engines run side by side; a
+`Pace` (layout.py) sets each one's thread count, token by token.
+
+Sessions can be spilled: `save` copies the KV cache of the context's one
+sequence out (llama.cpp's per-sequence state API, not `Llama.save_state`,
+which also copies the whole logits array) and `restore` puts it into a fresh
+context, so the session continues warm.
 """
 
 import codecs
@@ -22,12 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.sampling import Params, StopScanner
 
 #: Bytes hashed per read.
 CHUNK = 1 << 20
-#: llama.cpp's own default min-p filter (llama-cpp-python uses it too).
-MIN_P = 0.05
+#: KV-cache element types (ggml type ids); the quantised ones need flash
+#: attention in llama.cpp.
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 
 
 class EngineError(Exception):
@@ -83,6 +91,15 @@ class Options:
     n_gpu_layers: int = 0
     flash_attn: bool = False
     embedding: bool = False
+    kv_cache_type: str = "f16"
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A context's sequence state, copied out: its tokens and KV bytes."""
+
+    tokens: list[int]
+    data: bytes
 
 
 Emit = Callable[[str, int], None]
@@ -91,9 +108,12 @@ Emit = Callable[[str, int], None]
 class Engine:
     """One loaded llama.cpp model and context."""
 
-    def __init__(self, llama: Any) -> None:
+    def __init__(self, llama: Any, threads: int = 1) -> None:
         self._llama = llama
         self.lock = threading.Lock()
+        #: The most threads this context may use, and what it uses now.
+        self.max_threads = threads
+        self._threads = threads
 
     @classmethod
     def load(cls, fd: int, options: Options) -> "Engine":
@@ -109,7 +129,9 @@ class Engine:
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_gpu_layers=options.n_gpu_layers,
-                flash_attn=options.flash_attn,
+                flash_attn=options.flash_attn or options.kv_cache_type != "f16",
+                type_k=KV_TYPES[options.kv_cache_type],
+                type_v=KV_TYPES[options.kv_cache_type],
                 embedding=options.embedding,
                 # Mean pooling (1): one vector per text even for causal
                 # models; otherwise the model's own (-1, unspecified).
@@ -118,7 +140,15 @@ class Engine:
             )
         except (ValueError, RuntimeError, OSError) as error:
             raise LoadError(str(error) or type(error).__name__) from None
-        return cls(llama)
+        return cls(llama, threads)
+
+    def use_threads(self, threads: int) -> None:
+        """Decode and prefill with `threads` threads from now on."""
+        if threads != self._threads:
+            import llama_cpp
+
+            llama_cpp.llama_set_n_threads(self._llama._ctx.ctx, threads, threads)
+            self._threads = threads
 
     @property
     def n_ctx(self) -> int:
@@ -167,7 +197,7 @@ class Engine:
         """Tokens whose KV is resident now."""
         return [int(t) for t in self._llama.input_ids[: self._llama.n_tokens]]
 
-    def prefill(self, keep: int, tokens: Sequence[int]) -> None:
+    def prefill(self, keep: int, tokens: Sequence[int], pace: Pace | None = None) -> None:
         """Keep the first `keep` resident tokens, drop the rest, evaluate
         `tokens` after them."""
         llama = self._llama
@@ -175,16 +205,62 @@ class Engine:
         llama.n_tokens = keep
         llama._ctx.kv_cache_seq_rm(-1, keep, -1)
         if tokens:
-            llama.eval(list(tokens))
+            pace = pace or Pace("threads", self.max_threads)
+            with pace.running(), pace.turn():
+                self.use_threads(pace.threads(self.max_threads))
+                llama.eval(list(tokens))
         else:
             # The logits now belong to a dropped token: refresh before sampling.
             llama._requires_eval = True
 
+    def save(self) -> Saved:
+        """Copy the resident tokens and their KV cache out of the context
+        (sequence 0, the only one)."""
+        import ctypes
+
+        import llama_cpp
+
+        ctx = self._llama._ctx.ctx
+        size = int(llama_cpp.llama_state_seq_get_size(ctx, 0))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0))
+        if written != size:
+            raise EngineError(f"sequence state: {written} of {size} bytes copied")
+        return Saved(tokens=self.resident(), data=bytes(buffer))
+
+    def restore(self, saved: Saved) -> None:
+        """Put a saved sequence into this (fresh) context; the next
+        generation re-evaluates only the last token, for its logits."""
+        import ctypes
+
+        import llama_cpp
+
+        self.check_fits(len(saved.tokens))
+        llama = self._llama
+        source = (ctypes.c_uint8 * len(saved.data)).from_buffer_copy(saved.data)
+        if not llama_cpp.llama_state_seq_set_data(llama._ctx.ctx, source, len(saved.data), 0):
+            raise EngineError("the saved sequence state does not fit this context")
+        count = len(saved.tokens)
+        llama.input_ids[:count] = saved.tokens
+        llama.n_tokens = count
+        llama._requires_eval = True
+
     def generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
-                 emit: Emit, *, extra_stops: tuple[str, ...] = ()) -> str:
+                 emit: Emit, *, extra_stops: tuple[str, ...] = (), pace: Pace | None = None,
+                 logits_processor: Any = None, first: Callable[[], None] | None = None) -> str:
         """Generate after `tokens`, reusing whatever prefix of them is
         resident. Calls `emit(text, tokens)` per piece; returns the finish
-        reason: stop, length or cancelled."""
+        reason: stop, length or cancelled. `pace` sets the thread count and
+        turns per token; `logits_processor` (llama-cpp-python's) goes to the
+        sampler; `first` is called when the first token is sampled."""
+        pace = pace or Pace("threads", self.max_threads)
+        with pace.running():
+            return self._generate(tokens, params, stop, emit, extra_stops, pace,
+                                  logits_processor, first)
+
+    def _generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
+                  emit: Emit, extra_stops: tuple[str, ...], pace: Pace,
+                  logits_processor: Any, first: Callable[[], None] | None) -> str:
         import llama_cpp
 
         llama = self._llama
@@ -197,9 +273,20 @@ class Engine:
         reason = "length"
         pending = 0
         tokens_out = llama.generate(list(tokens), top_k=params.top_k, top_p=params.top_p,
-                                    min_p=MIN_P, temp=params.temperature, repeat_penalty=1.0,
-                                    reset=True)
-        for produced, token in enumerate(tokens_out, start=1):
+                                    min_p=params.min_p, temp=params.temperature,
+                                    repeat_penalty=1.0, reset=True,
+                                    logits_processor=logits_processor)
+        produced = 0
+        while True:
+            with pace.turn():
+                self.use_threads(pace.threads(self.max_threads))
+                token = next(tokens_out, None)
+            if token is None:
+                reason = "stop"
+                break
+            produced += 1
+            if produced == 1 and first is not None:
+                first()
             if stop.is_set():
                 reason = "cancelled"
                 break
@@ -217,8 +304,6 @@ class Engine:
                 break
             if produced >= budget:
                 break
-        else:
-            reason = "stop"
         if reason != "stop":
             tail = scanner.flush() + decoder.decode(b"", final=True)
             if tail:
@@ -228,9 +313,12 @@ class Engine:
             emit("", pending)
         return reason
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str], pace: Pace | None = None) -> list[list[float]]:
         """L2-normalised embeddings, one per text."""
-        vectors = self._llama.embed(list(texts), normalize=True)
+        pace = pace or Pace("threads", self.max_threads)
+        with pace.running(), pace.turn():
+            self.use_threads(pace.threads(self.max_threads))
+            vectors = self._llama.embed(list(texts), normalize=True)
         return [[float(x) for x in v] for v in vectors]
 
     @property

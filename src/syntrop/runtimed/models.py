@@ -4,10 +4,15 @@ engine contexts on it.
 The descriptor stays open while the model is resident (modeld treats it as
 "in use"). Stateless requests (Complete, Chat, Embed) borrow an idle context
 or load a new one; sessions load their own and close it on Close.
+
+Keep-alive: every request and open session holds the model (`hold` /
+`release`); once nothing holds it, `idle_for` counts the seconds since the
+last release, and the service unloads it past its keep-alive.
 """
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from syntrop.runtimed.engine import Engine, Options, verify
@@ -36,6 +41,7 @@ class Resident:
     size: int
     idle: dict[Options, list[Engine]] = field(default_factory=dict)
     busy: int = 0
+    last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -55,22 +61,33 @@ class Resident:
         probe.close()
         return resident
 
-    def take(self, options: Options) -> Engine:
-        """An idle context with these options, or a newly loaded one (blocking)."""
+    def hold(self) -> None:
+        """A request or session uses the model: no unloading meanwhile."""
+        with self.lock:
+            self.busy += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.busy -= 1
+            self.last_used = time.monotonic()
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds since the last release; None while something holds it."""
+        with self.lock:
+            return None if self.busy else max(0.0, now - self.last_used)
+
+    def take_idle(self, options: Options) -> Engine | None:
+        """An idle context with these options, if there is one (no blocking)."""
         with self.lock:
             pool = self.idle.get(options)
-            engine = pool.pop() if pool else None
-            self.busy += 1
-        try:
-            return engine or Engine.load(self.fd, options)
-        except BaseException:
-            with self.lock:
-                self.busy -= 1
-            raise
+            return pool.pop() if pool else None
+
+    def take(self, options: Options) -> Engine:
+        """An idle context with these options, or a newly loaded one (blocking)."""
+        return self.take_idle(options) or Engine.load(self.fd, options)
 
     def give(self, options: Options, engine: Engine) -> None:
         with self.lock:
-            self.busy -= 1
             self.idle.setdefault(options, []).append(engine)
 
     def close(self) -> None:

@@ -12,6 +12,8 @@ MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 10.0
 MAX_SEED = (1 << 32) - 1
 DEFAULT_MAX_TOKENS = 256
+#: llama.cpp's own default min-p filter (llama-cpp-python's too).
+DEFAULT_MIN_P = 0.05
 
 
 class SamplingError(ValueError):
@@ -33,6 +35,7 @@ class Params:
     top_k: int = 40
     seed: int = 0
     stop: tuple[str, ...] = ()
+    min_p: float = DEFAULT_MIN_P
 
 
 def validate(
@@ -43,6 +46,7 @@ def validate(
     top_k: int | None = None,
     seed: int | None = None,
     stop: list[str] | None = None,
+    min_p: float | None = None,
     n_ctx: int,
 ) -> Params:
     """Check each value against its range; fill defaults (a random seed when
@@ -55,6 +59,8 @@ def validate(
         raise SamplingError("top_p", "greater than 0, at most 1")
     if top_k is not None and top_k < 0:
         raise SamplingError("top_k", "0 (all) or more")
+    if min_p is not None and not 0.0 <= min_p <= 1.0:
+        raise SamplingError("min_p", "0 to 1")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise SamplingError("seed", f"0 to {MAX_SEED}")
     stops = tuple(stop or ())
@@ -69,6 +75,7 @@ def validate(
         top_k=top_k if top_k is not None else defaults.top_k,
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED),
         stop=stops,
+        min_p=min_p if min_p is not None else defaults.min_p,
     )
 
 

@@ -14,15 +14,30 @@ slot and the engine go back when the thread ends, not before.
 Weights: a model is made resident from the descriptor modeld's OpenModel
 hands over, hashed and compared with the digest modeld reports before
 llama.cpp sees it, and loaded through /proc/self/fd/N. The descriptor stays
-open while the model is resident.
+open while the model is resident; a model nothing holds is unloaded after
+its keep-alive.
+
+Spill: a session holds a slot (its context) while it is open. When a request
+needs a slot and none is free, the least recently used idle session is
+spilled (its sequence state copied to host memory, or to a file beyond the
+byte budget) and its context closed; the next call on it takes a slot again
+and restores the state, so its prefix is reused as before.
+
+Tracing (for the benchmark): with SYNTROP_RUNTIMED_TRACE set to a file,
+each stream appends one JSON line of CLOCK_MONOTONIC times: when the call
+arrived, when the engine started on it (in its worker thread), when it
+sampled its first token, when the first reply went out.
 """
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
 from asyncvarlink import AnnotatedResult
 
@@ -40,6 +55,7 @@ from syntrop.interfaces.runtime import (
     EmbedResult,
     InvalidModel,
     InvalidSampling,
+    LoadedModel,
     LoadResult,
     ModelNotFound,
     NoPrefix,
@@ -55,7 +71,16 @@ from syntrop.interfaces.runtime import (
 )
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
-from syntrop.runtimed.engine import Emit, Engine, LoadError, Options, Overflow
+from syntrop.runtimed.engine import (
+    KV_TYPES,
+    Emit,
+    Engine,
+    EngineError,
+    LoadError,
+    Options,
+    Overflow,
+)
+from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.models import Resident, WeightsDiffer
 from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import (
@@ -64,6 +89,7 @@ from syntrop.runtimed.sessions import (
     UnknownSession,
 )
 from syntrop.runtimed.slots import Slots, SlotsBusy
+from syntrop.runtimed.spill import SpillStore
 from syntrop.varlink import InvalidParameter, implements
 from syntrop.varlink.client import connect
 
@@ -79,6 +105,22 @@ MODELD_TIMEOUT = 30.0
 Item = Chunk | BaseException
 
 
+@dataclass(eq=False, slots=True, kw_only=True)
+class Seat:
+    """Where a session's context is: an engine holding a slot, or spilled
+    (`engine` None, its state in the spill store)."""
+
+    options: Options
+    engine: Engine | None
+    n_ctx: int
+    #: Calls using the seat now (a spill waits for none).
+    busy: int = 0
+    used: float = field(default_factory=time.monotonic)
+    #: Resident tokens while spilled.
+    spilled_tokens: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class RuntimeService(Runtime1):
     """Runs GGUF models with persistent sessions."""
 
@@ -86,10 +128,14 @@ class RuntimeService(Runtime1):
         self.paths = paths
         self.config = config or load(paths.configuration)
         self.slots = Slots(self.config.slots, self.config.queue)
+        self.pace = Pace(self.config.layout, self.config.n_threads, self.config.instances)
         self.models: dict[str, Resident] = {}
-        self.table: SessionTable[Engine] = SessionTable()
+        self.table: SessionTable[Seat] = SessionTable()
+        self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
         self._loading = asyncio.Lock()
         self._workers: set[asyncio.Future[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._trace = os.environ.get("SYNTROP_RUNTIMED_TRACE")
 
     # models ---------------------------------------------------------------------
 
@@ -99,6 +145,7 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="model")
         async with self._loading:
             if name in self.models:
+                self.models[name].hold()
                 return self.models[name]
             try:
                 async with await connect(Model1, address=self.paths.socket(Model1.name),
@@ -117,9 +164,35 @@ class RuntimeService(Runtime1):
                 raise WeightsMismatch(expected=error.expected, actual=error.actual) from None
             except LoadError as error:
                 raise InvalidModel(model=name, reason=error.reason) from None
+            resident.hold()
             self.models[name] = resident
             logger.info("loaded %s (sha256 %s)", name, resident.digest)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
+
+    def _keep_alive_left(self, name: str, resident: Resident, now: float) -> float | None:
+        """Seconds before `name` is unloaded; None while it is in use."""
+        idle = resident.idle_for(now)
+        if idle is None or any(s.model == name for s in self.table):
+            return None
+        return max(0.0, self.config.keep_alive - idle)
+
+    async def _keep_alive(self) -> None:
+        """Unload models idle past the keep-alive, until none is resident."""
+        period = max(0.05, min(self.config.keep_alive / 4, 5.0))
+        while self.models:
+            await asyncio.sleep(period)
+            async with self._loading:
+                now = time.monotonic()
+                expired = [name for name, resident in self.models.items()
+                           if self._keep_alive_left(name, resident, now) == 0.0]
+                for name in expired:
+                    # Closed before it leaves GetLoad: once it is gone there,
+                    # modeld no longer counts it in use.
+                    await asyncio.to_thread(self.models[name].close)
+                    del self.models[name]
+                    logger.info("unloaded %s: idle for its keep-alive", name)
 
     def _options(self, config: SessionConfig | None = None, *, embedding: bool = False) -> Options:
         c = config or SessionConfig(n_ctx=None, n_batch=None, n_threads=None, n_gpu_layers=None,
@@ -130,8 +203,12 @@ class RuntimeService(Runtime1):
         for parameter, value, low, high in checks:
             if value is not None and not low <= value <= high:
                 raise InvalidParameter(parameter=f"config.{parameter}")
-        if c.kv_cache_type not in (None, ""):
+        kv_cache_type = c.kv_cache_type or "f16"
+        if kv_cache_type not in KV_TYPES:
             raise InvalidParameter(parameter="config.kv_cache_type")
+        if kv_cache_type != "f16" and c.flash_attn is False:
+            # llama.cpp quantises the V cache only with flash attention.
+            raise InvalidParameter(parameter="config.flash_attn")
         return Options(
             n_ctx=c.n_ctx or self.config.n_ctx,
             n_batch=c.n_batch or 512,
@@ -139,13 +216,90 @@ class RuntimeService(Runtime1):
             n_gpu_layers=c.n_gpu_layers or 0,
             flash_attn=bool(c.flash_attn),
             embedding=embedding,
+            kv_cache_type=kv_cache_type,
         )
 
-    async def _slot(self) -> None:
+    async def _slot(self, keep: Seat | None = None) -> None:
+        """Take a slot; when none is free, spill the least recently used idle
+        session (never `keep`) rather than wait."""
+        if self.slots.free == 0 and not self.slots.queue_depth:
+            await self._spill_one(keep)
         try:
             await self.slots.acquire()
         except SlotsBusy as error:
             raise Busy(queue_depth=error.queue_depth) from None
+
+    # spill ----------------------------------------------------------------------
+
+    async def _spill_one(self, keep: Seat | None) -> bool:
+        """Spill the least recently used idle session; whether one was."""
+        idle = [s for s in self.table if s.engine.engine is not None and not s.engine.busy
+                and not s.engine.lock.locked() and s.engine is not keep]
+        if not idle:
+            return False
+        session = min(idle, key=lambda s: s.engine.used)
+        seat = session.engine
+        async with seat.lock:
+            engine = seat.engine
+            assert engine is not None
+            try:
+                saved = await asyncio.to_thread(engine.save)
+                await asyncio.to_thread(self.spill.put, session.session_id, saved)
+            except (EngineError, OSError) as error:
+                logger.warning("cannot spill session %s: %s", session.session_id, error)
+                return False
+            seat.engine, seat.spilled_tokens = None, len(saved.tokens)
+            await asyncio.to_thread(engine.close)
+            self.slots.release()
+        where = "a file" if self.spill.on_disk(session.session_id) else "memory"
+        logger.info("spilled session %s (%d tokens, %d bytes) to %s", session.session_id,
+                    len(saved.tokens), len(saved.data), where)
+        return True
+
+    async def _wake(self, session: sessions_mod.Session[Seat]) -> Engine:
+        """The session's engine, restored from the spill store if it was
+        spilled; the seat counts as busy until `_rest`."""
+        seat = session.engine
+        seat.busy += 1
+        try:
+            async with seat.lock:
+                if seat.engine is None:
+                    seat.engine = await self._restore(session)
+                return seat.engine
+        except BaseException:
+            self._rest(session)
+            raise
+
+    def _rest(self, session: sessions_mod.Session[Seat]) -> None:
+        session.engine.busy -= 1
+        session.engine.used = time.monotonic()
+
+    async def _restore(self, session: sessions_mod.Session[Seat]) -> Engine:
+        seat = session.engine
+        await self._slot(keep=seat)
+        try:
+            resident = self.models[session.model]
+            engine = await asyncio.to_thread(Engine.load, resident.fd, seat.options)
+        except BaseException:
+            self.slots.release()
+            raise
+        try:
+            saved = await asyncio.to_thread(self.spill.take, session.session_id)
+            await asyncio.to_thread(engine.restore, saved)
+        except (EngineError, OSError, KeyError, ValueError) as error:
+            # The state is lost (a spill file removed or damaged): the
+            # session goes on cold, and says so (NoPrefix until EnsurePrefix).
+            logger.warning("session %s restored cold: %s", session.session_id, error)
+            await asyncio.to_thread(engine.prefill, 0, [])
+            session.manifest = session.manifest_digest = None
+            session.prefix_tokens = 0
+            return engine
+        except BaseException:
+            await asyncio.to_thread(engine.close)
+            self.slots.release()
+            raise
+        logger.info("restored session %s (%d tokens)", session.session_id, len(saved.tokens))
+        return engine
 
     # streams --------------------------------------------------------------------
 
@@ -154,18 +308,25 @@ class RuntimeService(Runtime1):
                                  seed=None, stop=None)
         try:
             return validate(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                            top_k=s.top_k, seed=s.seed, stop=s.stop, n_ctx=n_ctx)
+                            top_k=s.top_k, seed=s.seed, stop=s.stop, min_p=s.min_p,
+                            n_ctx=n_ctx)
         except SamplingError as error:
             raise InvalidSampling(parameter=error.parameter, reason=error.reason) from None
 
     async def _stream(
-        self, work: Callable[[threading.Event, Emit], str], done: Callable[[], None]
+        self, work: Callable[[threading.Event, Emit, Callable[[], None]], str],
+        done: Callable[[], None], received: float,
     ) -> AsyncIterator[AnnotatedResult]:
         """Run `work` in a thread and stream its pieces; `done` runs on the
-        loop once the thread has ended, whatever happened to the client."""
+        loop once the thread has ended, whatever happened to the client.
+        `work` calls its third argument when it samples its first token."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         stop = threading.Event()
+        times = {"received": received}
+
+        def first() -> None:
+            times["first_token"] = time.monotonic()
 
         def put(item: Item) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -174,8 +335,9 @@ class RuntimeService(Runtime1):
             put(Chunk(text=text, tokens=tokens, finish_reason=None))
 
         def run() -> None:
+            times["engine_start"] = time.monotonic()
             try:
-                reason = work(stop, emit)
+                reason = work(stop, emit, first)
             except BaseException as error:  # handed to the loop, raised there
                 put(error)
             else:
@@ -198,34 +360,53 @@ class RuntimeService(Runtime1):
                     logger.error("generation failed", exc_info=item)
                     raise RuntimeError("generation failed")
                 last = item.finish_reason is not None
+                if last:
+                    # The worker ends right after its last chunk: let it (and
+                    # `done` free the slot) before the last reply goes out,
+                    # so the client's next call finds the slot free.
+                    await asyncio.shield(future)
                 yield AnnotatedResult({"chunk": item}, continues=not last)
+                times.setdefault("first_sent", time.monotonic())
                 if last:
                     return
         finally:
             stop.set()
+            if self._trace:
+                with contextlib.suppress(OSError), open(self._trace, "a") as trace:
+                    trace.write(json.dumps(times) + "\n")
 
     async def _generate(self, model: str, sampling: Sampling | None,
                         prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]],
                         ) -> AsyncIterator[AnnotatedResult]:
-        resident = await self._resident(model)
+        received = time.monotonic()
         options = self._options()
         params = self._params(sampling, options.n_ctx)
-        await self._slot()
+        resident = await self._resident(model)
         try:
-            engine = await asyncio.to_thread(resident.take, options)
+            await self._slot()
+            try:
+                # An idle context is taken at once; loading one blocks.
+                engine = resident.take_idle(options)
+                if engine is None:
+                    engine = await asyncio.to_thread(resident.take, options)
+            except BaseException:
+                self.slots.release()
+                raise
         except BaseException:
-            self.slots.release()
+            resident.release()
             raise
 
-        def work(stop: threading.Event, emit: Emit) -> str:
+        def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
             tokens, stops = prompt(engine)
-            return engine.generate(tokens, params, stop, emit, extra_stops=stops)
+            return engine.generate(tokens, params, stop, emit, extra_stops=stops,
+                                   pace=self.pace, first=first)
 
         def done() -> None:
             resident.give(options, engine)
+            resident.release()
             self.slots.release()
 
-        async for reply in self._stream(work, done):
+        async for reply in self._stream(work, done, received):
             yield reply
 
     @implements
@@ -256,25 +437,28 @@ class RuntimeService(Runtime1):
     async def Embed(self, *, model: str, input: list[str]) -> EmbedResult:
         if not input or len(input) > MAX_INPUTS or any(len(t) > MAX_TEXT for t in input):
             raise InvalidParameter(parameter="input")
-        resident = await self._resident(model)
         options = self._options(embedding=True)
-        await self._slot()
+        resident = await self._resident(model)
         try:
-            engine = await asyncio.to_thread(resident.take, options)
+            await self._slot()
             try:
-                vectors = await asyncio.to_thread(engine.embed, input)
-            except Overflow as error:
-                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+                engine = await asyncio.to_thread(resident.take, options)
+                try:
+                    vectors = await asyncio.to_thread(engine.embed, input, self.pace)
+                except Overflow as error:
+                    raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+                finally:
+                    resident.give(options, engine)
             finally:
-                resident.give(options, engine)
+                self.slots.release()
         finally:
-            self.slots.release()
+            resident.release()
         return {"embeddings": [Embedding(vector=v) for v in vectors],
                 "dimensions": len(vectors[0]) if vectors else 0}
 
     # sessions -------------------------------------------------------------------
 
-    def _session(self, session_id: str) -> sessions_mod.Session[Engine]:
+    def _session(self, session_id: str) -> sessions_mod.Session[Seat]:
         try:
             return self.table.get(session_id)
         except UnknownSession:
@@ -282,17 +466,25 @@ class RuntimeService(Runtime1):
         except StaleSession as error:
             raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
 
-    async def _free(self, engine: Engine) -> None:
-        """Close a session's context (after any generation on it) and free its slot."""
+    async def _free(self, session: sessions_mod.Session[Seat]) -> None:
+        """Close a removed session's context (after any generation on it) and
+        free its slot, or drop its spilled state; release its model."""
+        seat = session.engine
+        async with seat.lock:
+            engine, seat.engine = seat.engine, None
+            if engine is None:
+                await asyncio.to_thread(self.spill.drop, session.session_id)
+            else:
+                def work() -> None:
+                    with engine.lock:
+                        engine.close()
 
-        def work() -> None:
-            with engine.lock:
-                engine.close()
-
-        try:
-            await asyncio.to_thread(work)
-        finally:
-            self.slots.release()
+                try:
+                    await asyncio.to_thread(work)
+                finally:
+                    self.slots.release()
+        if session.model in self.models:
+            self.models[session.model].release()
 
     @implements
     async def OpenSession(
@@ -302,16 +494,24 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="owner_instance_id")
         options = self._options(config)
         resident = await self._resident(model)
-        for ended in self.table.fence(owner_instance_id):
-            logger.info("session %s ended by a takeover", ended.session_id)
-            await self._free(ended.engine)
-        await self._slot()
         try:
-            engine = await asyncio.to_thread(Engine.load, resident.fd, options)
+            for ended in self.table.fence(owner_instance_id):
+                logger.info("session %s ended by a takeover", ended.session_id)
+                await self._free(ended)
+            await self._slot()
+            try:
+                engine = await asyncio.to_thread(Engine.load, resident.fd, options)
+            except BaseException:
+                self.slots.release()
+                raise
+        except LoadError as error:
+            resident.release()
+            raise InvalidModel(model=model, reason=error.reason) from None
         except BaseException:
-            self.slots.release()
+            resident.release()
             raise
-        session = self.table.add(owner=owner_instance_id, model=model, engine=engine,
+        seat = Seat(options=options, engine=engine, n_ctx=engine.n_ctx)
+        session = self.table.add(owner=owner_instance_id, model=model, engine=seat,
                                  add_bos=not (config and config.disable_bos))
         return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
 
@@ -322,9 +522,9 @@ class RuntimeService(Runtime1):
         session = self._session(session_id)
         if len(text) > MAX_TEXT:
             raise InvalidParameter(parameter="text")
-        engine = session.engine
         key = asdict(manifest)
         digest = sessions_mod.manifest_digest(key)
+        engine = await self._wake(session)
 
         def work() -> sessions_mod.Plan:
             with engine.lock:
@@ -332,7 +532,7 @@ class RuntimeService(Runtime1):
                 engine.check_fits(len(tokens))
                 plan = sessions_mod.plan_prefix(engine.resident(), session.manifest_digest,
                                                 tokens, digest)
-                engine.prefill(plan.reused, plan.prefill)
+                engine.prefill(plan.reused, plan.prefill, self.pace)
                 session.prefix_tokens = len(tokens)
                 session.stable_token_hash = sessions_mod.token_hash(tokens)
                 return plan
@@ -341,6 +541,8 @@ class RuntimeService(Runtime1):
             plan = await asyncio.to_thread(work)
         except Overflow as error:
             raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+        finally:
+            self._rest(session)
         session.manifest, session.manifest_digest = key, digest
         session.stable_byte_hash = sessions_mod.sha256_hex(text.encode())
         return {
@@ -366,18 +568,23 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="manifest")
         if len(text) > MAX_TEXT:
             raise InvalidParameter(parameter="text")
-        engine = session.engine
+        engine = await self._wake(session)
+        if session.manifest_digest is None:  # restored cold
+            self._rest(session)
+            raise NoPrefix(session_id=session_id)
 
         def work() -> int:
             with engine.lock:
                 tokens = engine.tokenize(text, add_bos=False)
-                engine.prefill(session.prefix_tokens, tokens)
+                engine.prefill(session.prefix_tokens, tokens, self.pace)
                 return len(tokens)
 
         try:
             count = await asyncio.to_thread(work)
         except Overflow as error:
             raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+        finally:
+            self._rest(session)
         resident = session.prefix_tokens + count
         return {
             "suffix_tokens": count,
@@ -391,29 +598,35 @@ class RuntimeService(Runtime1):
     async def Decode(
         self, *, session_id: str, sampling: Sampling | None = None
     ) -> AsyncIterator[AnnotatedResult]:
+        received = time.monotonic()
         session = self._session(session_id)
         if session.manifest_digest is None:
             raise NoPrefix(session_id=session_id)
-        engine = session.engine
-        params = self._params(sampling, engine.n_ctx)
+        params = self._params(sampling, session.engine.n_ctx)
+        engine = await self._wake(session)
+        if session.manifest_digest is None:  # restored cold
+            self._rest(session)
+            raise NoPrefix(session_id=session_id)
 
-        def work(stop: threading.Event, emit: Emit) -> str:
+        def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
             with engine.lock:
-                return engine.generate(engine.resident(), params, stop, emit)
+                return engine.generate(engine.resident(), params, stop, emit, pace=self.pace,
+                                       first=first)
 
-        async for reply in self._stream(work, lambda: None):
+        async for reply in self._stream(work, lambda: self._rest(session), received):
             yield reply
 
     @implements
     def ExplainContext(self, *, session_id: str) -> ContextReport:
         session = self._session(session_id)
-        resident = len(session.engine.resident())
+        seat = session.engine
+        resident = len(seat.engine.resident()) if seat.engine else seat.spilled_tokens
         manifest = ContextManifest(**session.manifest) if session.manifest else None
         return {
             "resident_tokens": resident,
             "prefix_tokens": session.prefix_tokens,
-            "n_ctx": session.engine.n_ctx,
-            "available_tokens": session.engine.n_ctx - resident,
+            "n_ctx": seat.n_ctx,
+            "available_tokens": seat.n_ctx - resident,
             "stable_byte_hash": session.stable_byte_hash,
             "stable_token_hash": session.stable_token_hash,
             "manifest_digest": session.manifest_digest or "",
@@ -430,25 +643,39 @@ class RuntimeService(Runtime1):
         except StaleSession as error:
             raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
 
-        await self._free(session.engine)
+        await self._free(session)
 
     @implements
     def GetLoad(self) -> LoadResult:
+        now = time.monotonic()
+        models = []
+        for name, m in sorted(self.models.items()):
+            sessions = sum(s.model == name for s in self.table)
+            # Each open session holds its model once; the rest are requests.
+            models.append(LoadedModel(name=name, resident_bytes=m.size,
+                                      busy=max(0, m.busy - sessions), sessions=sessions,
+                                      keep_alive_s=self._keep_alive_left(name, m, now)))
         return {
             "free_slots": self.slots.free,
             "total_slots": self.slots.total,
             "resident_bytes": sum(m.size for m in self.models.values()),
             "loaded_models": sorted(self.models),
             "queue_depth": self.slots.queue_depth,
+            "models": models,
+            "spilled_sessions": len(self.spill),
         }
 
     async def aclose(self) -> None:
         """Wait for running generations, then free every context and fd."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
         for session in self.table:
             self.table.remove(session.session_id)
-            await asyncio.to_thread(session.engine.close)
+            if session.engine.engine is not None:
+                await asyncio.to_thread(session.engine.engine.close)
+        await asyncio.to_thread(self.spill.clear)
         for resident in self.models.values():
             await asyncio.to_thread(resident.close)
         self.models.clear()

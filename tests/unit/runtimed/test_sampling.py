@@ -11,6 +11,7 @@ from syntrop.runtimed.sampling import SamplingError, StopScanner, validate
     ("max_tokens", 0), ("max_tokens", 5000), ("temperature", -0.1), ("temperature", 11.0),
     ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("seed", -1), ("seed", 1 << 32),
     ("stop", [""]), ("stop", ["x"] * 9), ("stop", ["x" * 257]),
+    ("min_p", -0.01), ("min_p", 1.01), ("min_p", float("nan")),
 ])
 def test_validate_out_of_range_names_parameter(parameter: str, value: object) -> None:
     with pytest.raises(SamplingError) as caught:
@@ -23,6 +24,8 @@ def test_validate_defaults_fill_and_seed_is_kept() -> None:
     assert params.seed == 7 and params.temperature == 0.0
     assert params.max_tokens == 100
     assert validate(n_ctx=2048).max_tokens == 256
+    assert validate(n_ctx=2048).min_p == 0.05  # llama.cpp's default
+    assert validate(n_ctx=2048, min_p=0.0).min_p == 0.0
 
 
 def test_stop_scanner_never_emits_stop_sequence() -> None:

@@ -1,0 +1,30 @@
+"""runtimed.toml: defaults, the layout and keep-alive keys, refusals."""
+
+from pathlib import Path
+
+import pytest
+
+from syntrop.runtimed.config import Config, load
+
+
+def test_defaults_when_absent(tmp_path: Path) -> None:
+    config = load(tmp_path)
+    assert config == Config()
+    assert (config.layout, config.keep_alive, config.spill_ram) == ("auto", 300.0, 256 << 20)
+
+
+def test_values_are_read(tmp_path: Path) -> None:
+    (tmp_path / "runtimed.toml").write_text(
+        '[runtimed]\nslots = 2\nlayout = "instances"\ninstances = 2\nkeep_alive = 0.5\n'
+        "spill_ram = 0\n")
+    config = load(tmp_path)
+    assert (config.slots, config.layout, config.instances) == (2, "instances", 2)
+    assert (config.keep_alive, config.spill_ram) == (0.5, 0)
+
+
+@pytest.mark.parametrize("line", ['layout = "batch"', "keep_alive = -1", "spill_ram = -5",
+                                  "instances = -1"])
+def test_bad_values_are_refused(tmp_path: Path, line: str) -> None:
+    (tmp_path / "runtimed.toml").write_text(f"[runtimed]\n{line}\n")
+    with pytest.raises(ValueError):
+        load(tmp_path)
