@@ -82,10 +82,12 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
         assert "answer '{" in decide["detail"], decide
         assert "offered revert_dropin|unit_restart|none" in decide["detail"], decide
         assert "ms, Chat " in decide["detail"] and " tokens; " in decide["detail"], decide
-        # Warm, a second decision of the same failure: same answer (greedy,
-        # seeded), timed.
+        # Warm, a second decision of the same failure: the same tool (greedy,
+        # seeded; the evidence's times relative to the failure do change the
+        # prompt a little), timed.
         again = call(daemon, "Triage", unit=UNIT)["incident"]
-        assert again["decided_by"] == "model" and again["decision"] == incident["decision"]
+        assert again["decided_by"] == "model", again
+        assert json.loads(again["decision"])["tool"] == decision["tool"], (again, incident)
         print(f"\ncold decide {decide['duration_usec'] / 1000:.0f} ms, warm decide "
               f"{phase(again, 'decide')['duration_usec'] / 1000:.0f} ms: "
               f"{phase(again, 'decide')['detail']}")

@@ -103,6 +103,31 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Constraint:
+    """What the output must be. Set json_schema, or regex, or interface with
+    method. The output is then guaranteed to parse and validate: disallowed
+    tokens are masked before sampling, and a constrained stream decodes at
+    least as many tokens as the longest output of a bounded constraint, so
+    max_tokens never cuts a value short.
+
+    Fields:
+        json_schema: A JSON Schema, as JSON text: the output is one compact
+            JSON value valid against it.
+        regex: A regular expression the whole output matches.
+        interface: A syntrop interface, e.g. io.syntrop.Tool1; with method,
+            the output is a JSON call object {"method": ..., "parameters":
+            ...} valid against that method's parameters as the IDL declares
+            them (strings at most 128 characters, lists at most 8 items).
+        method: The method of interface, e.g. Execute.
+    """
+
+    json_schema: str | None = None
+    regex: str | None = None
+    interface: str | None = None
+    method: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Chunk:
     """A piece of generated text.
 
@@ -288,6 +313,21 @@ class InvalidSampling(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+class InvalidConstraint(TypedVarlinkErrorReply, interface=NAME):
+    """A constraint that cannot be built; answered before any token.
+
+    Parameters:
+        reason: invalid_schema, invalid_regex, unknown_interface,
+            unknown_method, unsupported or ambiguous (not exactly one kind
+            set).
+        message: What is wrong, in words.
+    """
+
+    class Parameters:
+        reason: str
+        message: str
+
+
 class NoPrefix(TypedVarlinkErrorReply, interface=NAME):
     """Decode or PrefillSuffix before EnsurePrefix.
 
@@ -322,13 +362,15 @@ class Runtime1(Interface, name=NAME):
         StaleOwner,
         ContextOverflow,
         InvalidSampling,
+        InvalidConstraint,
         NoPrefix,
         Busy,
     )
 
     @method(return_parameter="chunk")
     def Complete(
-        self, *, model: str, prompt: str, sampling: Sampling | None = None
+        self, *, model: str, prompt: str, sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Chunk]:
         """Continue a prompt. Call with "more" to stream.
 
@@ -336,6 +378,7 @@ class Runtime1(Interface, name=NAME):
             model: Model name in modeld.
             prompt: The text to continue.
             sampling: How to pick tokens.
+            constraint: What the output must be; null for free text.
 
         Returns:
             chunk: The next piece of text.
@@ -343,7 +386,8 @@ class Runtime1(Interface, name=NAME):
 
     @method(return_parameter="chunk")
     def Chat(
-        self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None
+        self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[Chunk]:
         """Answer a chat with the model's own template. Call with "more".
 
@@ -351,6 +395,7 @@ class Runtime1(Interface, name=NAME):
             model: Model name in modeld.
             messages: The conversation so far.
             sampling: How to pick tokens.
+            constraint: What the output must be; null for free text.
 
         Returns:
             chunk: The next piece of the answer.
@@ -430,12 +475,16 @@ class Runtime1(Interface, name=NAME):
         """
 
     @method(return_parameter="chunk")
-    def Decode(self, *, session_id: str, sampling: Sampling | None = None) -> AsyncIterator[Chunk]:
+    def Decode(
+        self, *, session_id: str, sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
+    ) -> AsyncIterator[Chunk]:
         """Generate from the resident context. Call with "more".
 
         Parameters:
             session_id: The session.
             sampling: How to pick tokens.
+            constraint: What the output must be; null for free text.
 
         Returns:
             chunk: The next piece of text.

@@ -291,8 +291,9 @@ def max_bytes(schema: Any) -> int | None:
         return len(json.dumps(schema["const"]).encode())
     if "enum" in schema:
         return max((len(json.dumps(v).encode()) for v in schema["enum"]), default=None)
-    if "anyOf" in schema:
-        bounds = [max_bytes(s) for s in schema["anyOf"]]
+    branches = schema.get("anyOf", schema.get("oneOf"))
+    if branches is not None:
+        bounds = [max_bytes(s) for s in branches]
         return None if any(b is None for b in bounds) else max(typing.cast(list[int], bounds))
     kind = schema.get("type")
     if kind == "boolean":

@@ -26,10 +26,13 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.sampling import Params, StopScanner
+
+if TYPE_CHECKING:
+    from syntrop.runtimed.constrain import Constraint
 
 #: Bytes hashed per read.
 CHUNK = 1 << 20
@@ -312,6 +315,15 @@ class Engine:
         if pending:
             emit("", pending)
         return reason
+
+    def guide(self, constraint: "Constraint") -> Any:
+        """A logits processor list that keeps generation inside `constraint`
+        (llguidance's token mask; the vocabulary is read once per model)."""
+        from llama_cpp import LogitsProcessorList
+
+        from syntrop.runtimed.constrain import Guide, tokenizer_for
+
+        return LogitsProcessorList([Guide(constraint, tokenizer_for(self._llama))])
 
     def embed(self, texts: Sequence[str], pace: Pace | None = None) -> list[list[float]]:
         """L2-normalised embeddings, one per text."""

@@ -37,7 +37,8 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from asyncvarlink import AnnotatedResult
 
@@ -48,11 +49,13 @@ from syntrop.interfaces.runtime import (
     Busy,
     ChatMessage,
     Chunk,
+    Constraint,
     ContextManifest,
     ContextOverflow,
     ContextReport,
     Embedding,
     EmbedResult,
+    InvalidConstraint,
     InvalidModel,
     InvalidSampling,
     LoadedModel,
@@ -92,6 +95,10 @@ from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.varlink import InvalidParameter, implements
 from syntrop.varlink.client import connect
+
+if TYPE_CHECKING:
+    # Imported when a request is constrained (llguidance, jsonschema behind it).
+    from syntrop.runtimed import constrain
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +320,46 @@ class RuntimeService(Runtime1):
         except SamplingError as error:
             raise InvalidSampling(parameter=error.parameter, reason=error.reason) from None
 
+    async def _constraint(self, constraint: Constraint | None,
+                          ) -> "constrain.Constraint | None":
+        """Compile a request's constraint (llguidance, jsonschema: imported on
+        the first constrained request), or answer InvalidConstraint."""
+        if constraint is None:
+            return None
+        from syntrop.runtimed import constrain
+
+        kinds = [k for k, v in (("json_schema", constraint.json_schema),
+                                ("regex", constraint.regex),
+                                ("varlink", constraint.interface or constraint.method))
+                 if v is not None]
+        if len(kinds) != 1:
+            raise InvalidConstraint(reason="ambiguous", message="set exactly one of json_schema, "
+                                    "regex, or interface with method")
+        try:
+            if constraint.json_schema is not None:
+                return await asyncio.to_thread(constrain.from_json_schema, constraint.json_schema)
+            if constraint.regex is not None:
+                return await asyncio.to_thread(constrain.from_regex, constraint.regex)
+            if not constraint.interface or not constraint.method:
+                raise constrain.ConstraintError("ambiguous", "interface and method go together")
+            return await asyncio.to_thread(constrain.from_varlink, constraint.interface,
+                                           constraint.method)
+        except constrain.ConstraintError as error:
+            raise InvalidConstraint(reason=error.reason, message=error.message[:512]) from None
+
+    @staticmethod
+    def _bounded(params: Params, compiled: "constrain.Constraint | None", n_ctx: int) -> Params:
+        """A constrained stream decodes at least its constraint's bound (and
+        the end token), so max_tokens never cuts a value short."""
+        if compiled is None or compiled.max_tokens is None:
+            return params
+        return replace(params, max_tokens=min(n_ctx, max(params.max_tokens,
+                                                         compiled.max_tokens + 1)))
+
+    @staticmethod
+    def _processor(engine: Engine, compiled: "constrain.Constraint | None") -> Any:
+        return None if compiled is None else engine.guide(compiled)
+
     async def _stream(
         self, work: Callable[[threading.Event, Emit, Callable[[], None]], str],
         done: Callable[[], None], received: float,
@@ -356,6 +403,11 @@ class RuntimeService(Runtime1):
                 item = await queue.get()
                 if isinstance(item, Overflow):
                     raise ContextOverflow(tokens=item.tokens, n_ctx=item.n_ctx)
+                if isinstance(item, Exception) and hasattr(item, "reason"):
+                    from syntrop.runtimed.constrain import ConstraintError
+
+                    if isinstance(item, ConstraintError):
+                        raise InvalidConstraint(reason=item.reason, message=item.message[:512])
                 if isinstance(item, BaseException):
                     logger.error("generation failed", exc_info=item)
                     raise RuntimeError("generation failed")
@@ -377,10 +429,12 @@ class RuntimeService(Runtime1):
 
     async def _generate(self, model: str, sampling: Sampling | None,
                         prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]],
+                        constraint: Constraint | None = None,
                         ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
         options = self._options()
-        params = self._params(sampling, options.n_ctx)
+        compiled = await self._constraint(constraint)
+        params = self._bounded(self._params(sampling, options.n_ctx), compiled, options.n_ctx)
         resident = await self._resident(model)
         try:
             await self._slot()
@@ -399,7 +453,8 @@ class RuntimeService(Runtime1):
         def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
             tokens, stops = prompt(engine)
             return engine.generate(tokens, params, stop, emit, extra_stops=stops,
-                                   pace=self.pace, first=first)
+                                   pace=self.pace, first=first,
+                                   logits_processor=self._processor(engine, compiled))
 
         def done() -> None:
             resident.give(options, engine)
@@ -411,18 +466,21 @@ class RuntimeService(Runtime1):
 
     @implements
     async def Complete(
-        self, *, model: str, prompt: str, sampling: Sampling | None = None
+        self, *, model: str, prompt: str, sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         if len(prompt) > MAX_TEXT:
             raise InvalidParameter(parameter="prompt")
         async for reply in self._generate(
-            model, sampling, lambda engine: (engine.tokenize(prompt, add_bos=True), ())
+            model, sampling, lambda engine: (engine.tokenize(prompt, add_bos=True), ()),
+            constraint,
         ):
             yield reply
 
     @implements
     async def Chat(
-        self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None
+        self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         if not messages or len(messages) > MAX_MESSAGES:
             raise InvalidParameter(parameter="messages")
@@ -430,7 +488,7 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="messages")
         turns = [(m.role, m.content) for m in messages]
         async for reply in self._generate(model, sampling,
-                                          lambda engine: engine.chat_prompt(turns)):
+                                          lambda engine: engine.chat_prompt(turns), constraint):
             yield reply
 
     @implements
@@ -596,13 +654,16 @@ class RuntimeService(Runtime1):
 
     @implements
     async def Decode(
-        self, *, session_id: str, sampling: Sampling | None = None
+        self, *, session_id: str, sampling: Sampling | None = None,
+        constraint: Constraint | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
         session = self._session(session_id)
         if session.manifest_digest is None:
             raise NoPrefix(session_id=session_id)
-        params = self._params(sampling, session.engine.n_ctx)
+        compiled = await self._constraint(constraint)
+        n_ctx = session.engine.n_ctx
+        params = self._bounded(self._params(sampling, n_ctx), compiled, n_ctx)
         engine = await self._wake(session)
         if session.manifest_digest is None:  # restored cold
             self._rest(session)
@@ -611,7 +672,8 @@ class RuntimeService(Runtime1):
         def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
             with engine.lock:
                 return engine.generate(engine.resident(), params, stop, emit, pace=self.pace,
-                                       first=first)
+                                       first=first,
+                                       logits_processor=self._processor(engine, compiled))
 
         async for reply in self._stream(work, lambda: self._rest(session), received):
             yield reply

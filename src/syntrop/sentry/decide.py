@@ -194,12 +194,20 @@ def messages(evidence: Evidence, offered: list[Spec]) -> list[tuple[str, str]]:
     return chat
 
 
-def answer_schema(offered: list[Spec]) -> dict[str, Any]:
-    """The accepted answers as a JSON schema (one branch per offered tool)."""
+def answer_schema(offered: list[Spec], unit: str | None = None) -> dict[str, Any]:
+    """The accepted answers as a JSON schema (one branch per offered tool);
+    with `unit`, a `unit` parameter can only be that unit. Optional
+    parameters without a fixed set of choices (timeouts, health windows) are
+    left to the tool's defaults: a small model picks numbers badly."""
     branches = []
     for spec in offered:
         properties: dict[str, Any] = {}
         for param in spec.parameters:
+            if not param.required and not param.choices:
+                continue
+            if param.name == "unit" and unit is not None:
+                properties[param.name] = {"const": unit}
+                continue
             prop: dict[str, Any] = {"type": _JSON_TYPES.get(param.type, "string")}
             if param.choices:
                 prop["enum"] = list(param.choices)

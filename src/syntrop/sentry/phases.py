@@ -135,7 +135,7 @@ class Live:
                                    changes=facts.changes, journal=facts.journal)
         offered = decide.offers(evidence, known, self.recent_usec)
         text, tokens = await self.chat(decide.messages(evidence, offered),
-                                       decide.answer_schema(offered))
+                                       decide.answer_schema(offered, unit))
         answered = time.monotonic()
         timing = (f"{tokens} tokens; ListTools {(listed - started) * 1e3:.0f} ms, "
                   f"Chat {(answered - listed) * 1e3:.0f} ms")
@@ -150,13 +150,15 @@ class Live:
 
     async def chat(self, messages: list[tuple[str, str]],
                    schema: dict[str, Any]) -> tuple[str, int]:
-        """The one Runtime1.Chat call: greedy, short, seeded. `schema` is the
-        accepted answers as a JSON schema, for a decoding constraint once
-        Runtime1 takes one. Returns the text and the tokens generated."""
-        from syntrop.interfaces.runtime import ChatMessage, Runtime1, Sampling
+        """The one Runtime1.Chat call: greedy, short, seeded, and constrained
+        to `schema` (the accepted answers), so the answer always parses; it
+        is still checked as strictly as before. Returns the text and the
+        tokens generated."""
+        import json
+
+        from syntrop.interfaces.runtime import ChatMessage, Constraint, Runtime1, Sampling
         from syntrop.varlink.client import connect
 
-        del schema  # not yet passed: Runtime1.Chat has no constraint parameter
         sampling = Sampling(max_tokens=decide.MAX_TOKENS, temperature=decide.TEMPERATURE,
                             top_p=None, top_k=None, seed=decide.SEED, stop=None)
         text, tokens = "", 0
@@ -164,6 +166,7 @@ class Live:
         async with await connect(Runtime1, timeout=CALL_TIMEOUT) as runtime:
             async for reply in runtime.Chat(
                     model=self.model, sampling=sampling,
+                    constraint=Constraint(json_schema=json.dumps(schema)),
                     messages=[ChatMessage(role=role, content=content)
                               for role, content in messages]):
                 chunk = _unwrap(reply, "chunk")

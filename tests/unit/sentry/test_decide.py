@@ -139,3 +139,19 @@ def test_schema_has_one_branch_per_offer() -> None:
 def test_summarise_is_one_bounded_line() -> None:
     assert decide.summarise("a\n  b") == "a b"
     assert len(decide.summarise("x" * 500)) == 160
+
+
+def test_schema_pins_the_unit_and_every_answer_it_allows_parses() -> None:
+    """The schema is what runtimed constrains the model's answer to: every
+    answer llguidance can produce under it must pass `parse`."""
+    from syntrop.runtimed import constrain
+
+    schema = decide.answer_schema(offered(DROPIN), "web.service")
+    for branch in schema["oneOf"]:
+        unit = branch["properties"]["parameters"]["properties"].get("unit")
+        assert unit in (None, {"const": "web.service"})
+    compiled = constrain.from_json_schema(schema)
+    assert compiled.max_tokens is not None  # bounded: max_tokens never truncates it
+    answer = '{"tool":"unit_restart","parameters":{"unit":"web.service"}}'
+    assert constrain.check(compiled, answer)
+    assert decide.parse(answer, offered(DROPIN), "web.service").tool == "unit_restart"
