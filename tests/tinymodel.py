@@ -181,3 +181,41 @@ def build(factory: pytest.TempPathFactory, qtype: str = "F32") -> Path:
         write(partial, qtype)
         partial.rename(path)
     return path
+
+
+def write_lora(path: Path, *, rank: int = 4, alpha: float = 8.0, seed: int = 7,
+               architecture: str = "llama", n_embd: int = N_EMBD,
+               targets: tuple[str, ...] = ("attn_q", "attn_v", "ffn_up"),
+               base_name: str | None = "syntrop-tiny") -> Path:
+    """A LoRA adapter for the tiny model (any of its quantizations): for each
+    target matrix of every layer, lora_a (rank x its input size) and lora_b
+    (its output size x rank), F32. `architecture`, `n_embd` and `base_name`
+    let a test write one for another base."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sizes = {"attn_q": (N_EMBD, N_EMBD), "attn_k": (N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV),
+             "attn_v": (N_EMBD, N_EMBD // N_HEAD * N_HEAD_KV), "attn_output": (N_EMBD, N_EMBD),
+             "ffn_gate": (N_EMBD, N_FF), "ffn_up": (N_EMBD, N_FF), "ffn_down": (N_FF, N_EMBD)}
+    scale = n_embd / N_EMBD
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    if base_name is not None:
+        writer.add_base_model_count(1)
+        writer.add_base_model_name(0, base_name)
+    for layer in range(N_LAYER):
+        for target in targets:
+            n_in, n_out = (int(d * scale) for d in sizes[target])
+            name = f"blk.{layer}.{target}.weight"
+            writer.add_tensor(name + ".lora_a",
+                              rng.normal(0, 0.3, size=(rank, n_in)).astype(np.float32))
+            writer.add_tensor(name + ".lora_b",
+                              rng.normal(0, 0.3, size=(n_out, rank)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
