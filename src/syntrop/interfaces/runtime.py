@@ -91,6 +91,11 @@ class Sampling:
         stop: Stop sequences.
         min_p: Drop tokens less likely than min_p times the most likely one;
             0 to 1, null for 0.05.
+        reasoning_budget: Most thinking tokens (between the model's <think>
+            and </think>); at the limit </think> is forced and the answer
+            follows. Thinking streams in chunks marked thinking; the markers
+            never reach the text. Null for no budget; models without
+            single-token markers answer InvalidSampling.
     """
 
     max_tokens: int | None
@@ -100,6 +105,7 @@ class Sampling:
     seed: int | None
     stop: list[str] | None
     min_p: float | None = None
+    reasoning_budget: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,11 +141,20 @@ class Chunk:
         text: The text delta.
         tokens: Tokens it holds.
         finish_reason: stop, length or cancelled, on the last chunk only.
+        thinking: True when the text is the model's thinking, not its answer
+            (with a reasoning budget).
+        thinking_tokens: On the last chunk, with a reasoning budget: thinking
+            tokens generated (markers not counted).
+        answer_tokens: On the last chunk, with a reasoning budget: answer
+            tokens generated.
     """
 
     text: str
     tokens: int
     finish_reason: str | None
+    thinking: bool | None = None
+    thinking_tokens: int | None = None
+    answer_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,7 @@ from syntrop.runtimed.sampling import Params, StopScanner
 
 if TYPE_CHECKING:
     from syntrop.runtimed.constrain import Constraint
+    from syntrop.runtimed.reasoning import Reasoning
 
 #: Bytes hashed per read.
 CHUNK = 1 << 20
@@ -106,6 +107,8 @@ class Saved:
 
 
 Emit = Callable[[str, int], None]
+#: Receives thinking text and its tokens (markers: "" and their count).
+Think = Callable[[str, int], None]
 
 
 class Engine:
@@ -250,21 +253,43 @@ class Engine:
 
     def generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
                  emit: Emit, *, extra_stops: tuple[str, ...] = (), pace: Pace | None = None,
-                 logits_processor: Any = None, first: Callable[[], None] | None = None) -> str:
+                 logits_processor: Any = None, first: Callable[[], None] | None = None,
+                 reasoning: "Reasoning | None" = None, think: Think | None = None) -> str:
         """Generate after `tokens`, reusing whatever prefix of them is
         resident. Calls `emit(text, tokens)` per piece; returns the finish
         reason: stop, length or cancelled. `pace` sets the thread count and
         turns per token; `logits_processor` (llama-cpp-python's) goes to the
-        sampler; `first` is called when the first token is sampled."""
+        sampler; `first` is called when the first token is sampled. With
+        `reasoning` (see `reasoning()`), thinking goes to `think` instead of
+        `emit`, markers to neither, and the budget is enforced."""
         pace = pace or Pace("threads", self.max_threads)
+        if reasoning is not None:
+            from llama_cpp import LogitsProcessorList
+
+            logits_processor = LogitsProcessorList([*(logits_processor or []), reasoning])
         with pace.running():
             return self._generate(tokens, params, stop, emit, extra_stops, pace,
-                                  logits_processor, first)
+                                  logits_processor, first, reasoning, think)
+
+    def reasoning(self, budget: int | None) -> "Reasoning":
+        """A thinking budget for one generation on this model; ReasoningError
+        when the model has no single-token <think> and </think>."""
+        import llama_cpp
+
+        from syntrop.runtimed.reasoning import Reasoning, markers
+
+        start, end = markers(self._llama)
+        vocab = self._llama._model.vocab
+        eog = {llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)} - {-1}
+        return Reasoning(start=start, end=end, budget=budget, eog=sorted(eog))
 
     def _generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
                   emit: Emit, extra_stops: tuple[str, ...], pace: Pace,
-                  logits_processor: Any, first: Callable[[], None] | None) -> str:
+                  logits_processor: Any, first: Callable[[], None] | None,
+                  reasoning: "Reasoning | None" = None, think: Think | None = None) -> str:
         import llama_cpp
+
+        from syntrop.runtimed.reasoning import ANSWER, THINKING
 
         llama = self._llama
         self.check_fits(len(tokens))
@@ -272,6 +297,7 @@ class Engine:
         llama.set_seed(params.seed)
         scanner = StopScanner(params.stop + extra_stops)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
         vocab = llama._model.vocab
         reason = "length"
         pending = 0
@@ -296,6 +322,13 @@ class Engine:
             if llama_cpp.llama_vocab_is_eog(vocab, token):
                 reason = "stop"
                 break
+            if reasoning is not None and (kind := reasoning.feed(token)) != ANSWER:
+                if think is not None:
+                    piece = llama.detokenize([token], special=False) if kind == THINKING else b""
+                    think(thought.decode(piece), 1)
+                if produced >= budget:
+                    break
+                continue
             pending += 1
             text = decoder.decode(llama.detokenize([token], special=False))
             safe, stopped = scanner.feed(text)

@@ -36,6 +36,8 @@ class Params:
     seed: int = 0
     stop: tuple[str, ...] = ()
     min_p: float = DEFAULT_MIN_P
+    #: Most thinking tokens; None for no budget.
+    reasoning_budget: int | None = None
 
 
 def validate(
@@ -47,6 +49,7 @@ def validate(
     seed: int | None = None,
     stop: list[str] | None = None,
     min_p: float | None = None,
+    reasoning_budget: int | None = None,
     n_ctx: int,
 ) -> Params:
     """Check each value against its range; fill defaults (a random seed when
@@ -61,6 +64,8 @@ def validate(
         raise SamplingError("top_k", "0 (all) or more")
     if min_p is not None and not 0.0 <= min_p <= 1.0:
         raise SamplingError("min_p", "0 to 1")
+    if reasoning_budget is not None and not 0 <= reasoning_budget < n_ctx:
+        raise SamplingError("reasoning_budget", f"0 to {n_ctx - 1}")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise SamplingError("seed", f"0 to {MAX_SEED}")
     stops = tuple(stop or ())
@@ -76,6 +81,7 @@ def validate(
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED),
         stop=stops,
         min_p=min_p if min_p is not None else defaults.min_p,
+        reasoning_budget=reasoning_budget,
     )
 
 

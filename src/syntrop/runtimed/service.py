@@ -82,6 +82,7 @@ from syntrop.runtimed.engine import (
     LoadError,
     Options,
     Overflow,
+    Think,
 )
 from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.models import Resident, WeightsDiffer
@@ -99,6 +100,7 @@ from syntrop.varlink.client import connect
 if TYPE_CHECKING:
     # Imported when a request is constrained (llguidance, jsonschema behind it).
     from syntrop.runtimed import constrain
+    from syntrop.runtimed.reasoning import Reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +318,7 @@ class RuntimeService(Runtime1):
         try:
             return validate(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                             top_k=s.top_k, seed=s.seed, stop=s.stop, min_p=s.min_p,
-                            n_ctx=n_ctx)
+                            reasoning_budget=s.reasoning_budget, n_ctx=n_ctx)
         except SamplingError as error:
             raise InvalidSampling(parameter=error.parameter, reason=error.reason) from None
 
@@ -360,13 +362,35 @@ class RuntimeService(Runtime1):
     def _processor(engine: Engine, compiled: "constrain.Constraint | None") -> Any:
         return None if compiled is None else engine.guide(compiled)
 
+    @staticmethod
+    def _thinking(params: Params, compiled: "constrain.Constraint | None") -> None:
+        if params.reasoning_budget is not None and compiled is not None:
+            raise InvalidConstraint(reason="unsupported", message="a constraint cannot follow "
+                                    "thinking yet: send constraint or reasoning_budget")
+
+    @staticmethod
+    def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
+        """The request's thinking budget on `engine`, or InvalidSampling for a
+        model without single-token thinking markers."""
+        if params.reasoning_budget is None:
+            return None
+        from syntrop.runtimed.reasoning import ReasoningError
+
+        try:
+            return engine.reasoning(params.reasoning_budget)
+        except ReasoningError as error:
+            raise InvalidSampling(parameter="reasoning_budget", reason=error.reason) from None
+
     async def _stream(
-        self, work: Callable[[threading.Event, Emit, Callable[[], None]], str],
+        self, work: Callable[[threading.Event, Emit, Callable[[], None], Think], str],
         done: Callable[[], None], received: float,
+        reasoning: "Reasoning | None" = None,
     ) -> AsyncIterator[AnnotatedResult]:
         """Run `work` in a thread and stream its pieces; `done` runs on the
         loop once the thread has ended, whatever happened to the client.
-        `work` calls its third argument when it samples its first token."""
+        `work` calls its third argument when it samples its first token and
+        its fourth with thinking text; with `reasoning`, the last chunk
+        carries its thinking and answer token counts."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         stop = threading.Event()
@@ -381,14 +405,20 @@ class RuntimeService(Runtime1):
         def emit(text: str, tokens: int) -> None:
             put(Chunk(text=text, tokens=tokens, finish_reason=None))
 
+        def think(text: str, tokens: int) -> None:
+            put(Chunk(text=text, tokens=tokens, finish_reason=None, thinking=True))
+
         def run() -> None:
             times["engine_start"] = time.monotonic()
             try:
-                reason = work(stop, emit, first)
+                reason = work(stop, emit, first, think)
             except BaseException as error:  # handed to the loop, raised there
                 put(error)
             else:
-                put(Chunk(text="", tokens=0, finish_reason=reason))
+                put(Chunk(text="", tokens=0, finish_reason=reason,
+                          thinking_tokens=None if reasoning is None
+                          else reasoning.thinking_tokens,
+                          answer_tokens=None if reasoning is None else reasoning.answer_tokens))
 
         future = loop.run_in_executor(None, run)
         self._workers.add(future)
@@ -435,6 +465,7 @@ class RuntimeService(Runtime1):
         options = self._options()
         compiled = await self._constraint(constraint)
         params = self._bounded(self._params(sampling, options.n_ctx), compiled, options.n_ctx)
+        self._thinking(params, compiled)
         resident = await self._resident(model)
         try:
             await self._slot()
@@ -450,18 +481,26 @@ class RuntimeService(Runtime1):
             resident.release()
             raise
 
-        def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
-            tokens, stops = prompt(engine)
-            return engine.generate(tokens, params, stop, emit, extra_stops=stops,
-                                   pace=self.pace, first=first,
-                                   logits_processor=self._processor(engine, compiled))
-
         def done() -> None:
             resident.give(options, engine)
             resident.release()
             self.slots.release()
 
-        async for reply in self._stream(work, done, received):
+        try:
+            reasoning = self._reasoning(engine, params)
+        except BaseException:
+            done()
+            raise
+
+        def work(stop: threading.Event, emit: Emit, first: Callable[[], None],
+                 think: Think) -> str:
+            tokens, stops = prompt(engine)
+            return engine.generate(tokens, params, stop, emit, extra_stops=stops,
+                                   pace=self.pace, first=first,
+                                   logits_processor=self._processor(engine, compiled),
+                                   reasoning=reasoning, think=think)
+
+        async for reply in self._stream(work, done, received, reasoning):
             yield reply
 
     @implements
@@ -664,18 +703,27 @@ class RuntimeService(Runtime1):
         compiled = await self._constraint(constraint)
         n_ctx = session.engine.n_ctx
         params = self._bounded(self._params(sampling, n_ctx), compiled, n_ctx)
+        self._thinking(params, compiled)
         engine = await self._wake(session)
         if session.manifest_digest is None:  # restored cold
             self._rest(session)
             raise NoPrefix(session_id=session_id)
+        try:
+            reasoning = self._reasoning(engine, params)
+        except BaseException:
+            self._rest(session)
+            raise
 
-        def work(stop: threading.Event, emit: Emit, first: Callable[[], None]) -> str:
+        def work(stop: threading.Event, emit: Emit, first: Callable[[], None],
+                 think: Think) -> str:
             with engine.lock:
                 return engine.generate(engine.resident(), params, stop, emit, pace=self.pace,
                                        first=first,
-                                       logits_processor=self._processor(engine, compiled))
+                                       logits_processor=self._processor(engine, compiled),
+                                       reasoning=reasoning, think=think)
 
-        async for reply in self._stream(work, lambda: self._rest(session), received):
+        async for reply in self._stream(work, lambda: self._rest(session), received,
+                                        reasoning):
             yield reply
 
     @implements
