@@ -7,9 +7,8 @@ import http.client
 import importlib.util
 import json
 import socket
-import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import varlink
 
 from tests.models import model_node
 from tests.support import activated
+from tests.upstreams import send_json, serving
 
 NAME = "io.syntrop.Router1"
 
@@ -38,102 +38,41 @@ def _chunk(model: str, text: str) -> str:
                                                     "finish_reason": None}]})
 
 
-async def _upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    conn = h11.Connection(h11.SERVER)
-    try:
-        while True:
-            request = None
-            body = b""
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    data = await reader.read(65536)
-                    conn.receive_data(data)
-                    if not data:
-                        return
-                elif isinstance(event, h11.Request):
-                    request = event
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                else:
-                    return
-            assert request is not None
-            kind, _, path = request.target.decode().partition("/v1")
-            if kind == "/garbage":
-                writer.write(b"this is not HTTP at all\r\n\r\n")
+async def _answer(conn: h11.Connection, request: h11.Request, body: bytes,
+                  writer: asyncio.StreamWriter) -> bool:
+    """/<name>/v1/…: answers as <name>; /garbage, /hang and /broken misbehave."""
+    kind, _, path = request.target.decode().partition("/v1")
+    if kind == "/garbage":
+        writer.write(b"this is not HTTP at all\r\n\r\n")
+        return False
+    if kind == "/hang":
+        await asyncio.sleep(10)
+        return False
+    if kind == "/broken":
+        send_json(conn, writer, b'{"error": {"message": "boom"}}', status=500)
+    elif path == "/models":
+        send_json(conn, writer, {"object": "list", "data": [
+            {"id": "discovered", "object": "model"}]})
+    else:
+        decoded = json.loads(body)
+        model = decoded["model"]
+        if decoded.get("stream"):
+            writer.write(conn.send(h11.Response(status_code=200, headers=[
+                ("content-type", "text/event-stream")])))
+            for word in ("Hello", ", ", "world"):
+                writer.write(conn.send(h11.Data(
+                    data=f"data: {_chunk(model, word)}\n\n".encode())))
                 await writer.drain()
-                return
-            if kind == "/hang":
-                await asyncio.sleep(10)
-                return
-            if kind == "/broken":
-                payload = b'{"error": {"message": "boom"}}'
-                writer.write(conn.send(h11.Response(status_code=500, headers=[
-                    ("content-length", str(len(payload)))])) + conn.send(h11.Data(data=payload))
-                    + conn.send(h11.EndOfMessage()))
-            elif path == "/models":
-                payload = json.dumps({"object": "list", "data": [
-                    {"id": "discovered", "object": "model"}]}).encode()
-                writer.write(conn.send(h11.Response(status_code=200, headers=[
-                    ("content-length", str(len(payload)))])) + conn.send(h11.Data(data=payload))
-                    + conn.send(h11.EndOfMessage()))
-            else:
-                decoded = json.loads(body)
-                model = decoded["model"]
-                if decoded.get("stream"):
-                    writer.write(conn.send(h11.Response(status_code=200, headers=[
-                        ("content-type", "text/event-stream")])))
-                    for word in ("Hello", ", ", "world"):
-                        writer.write(conn.send(h11.Data(
-                            data=f"data: {_chunk(model, word)}\n\n".encode())))
-                        await writer.drain()
-                    writer.write(conn.send(h11.Data(data=b"data: [DONE]\n\n"))
-                                 + conn.send(h11.EndOfMessage()))
-                else:
-                    payload = json.dumps(_chat(model, f"{kind[1:]} answers")).encode()
-                    writer.write(conn.send(h11.Response(status_code=200, headers=[
-                        ("content-type", "application/json"),
-                        ("content-length", str(len(payload)))]))
-                        + conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
-            await writer.drain()
-            conn.start_next_cycle()
-    except (OSError, h11.ProtocolError):
-        pass
-    finally:
-        writer.close()
+            writer.write(conn.send(h11.Data(data=b"data: [DONE]\n\n"))
+                         + conn.send(h11.EndOfMessage()))
+        else:
+            send_json(conn, writer, _chat(model, f"{kind[1:]} answers"))
+    return True
 
 
-@contextmanager
-def upstream() -> Iterator[int]:
+def upstream() -> AbstractContextManager[int]:
     """An OpenAI-style server on a free loopback port, in a thread."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    port: list[int] = []
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        server = await asyncio.start_server(_upstream, "127.0.0.1", 0)
-        port.append(server.sockets[0].getsockname()[1])
-        ready.set()
-        async with server:
-            await stop.wait()
-        tasks = asyncio.all_tasks() - {asyncio.current_task()}
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.01)  # let the transports close
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    ready.wait(5)
-    try:
-        yield port[0]
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(5)
-        loop.close()
+    return serving(_answer)
 
 
 # routerd -------------------------------------------------------------------

@@ -3,7 +3,8 @@ the next provider, replaying the prompt with the text already sent, so the
 client's stream is complete and coherent (no token lost or repeated).
 
 The upstreams are real processes serving OpenAI-style HTTP on loopback:
-this file run as a script (`python test_routerd_failover.py MODE LOG`).
+this module run as a script (`python -m tests.service.test_routerd_failover
+MODE LOG` from the checkout).
 "primary" streams a few words of ANSWER then stalls until the test kills
 it with SIGKILL; "backup" answers the rest of ANSWER after the text the
 replayed request already holds; both log each request body to LOG.
@@ -45,25 +46,14 @@ async def _serve(mode: str, log: Path, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter) -> None:
     import h11
 
+    from tests.upstreams import read_request
+
     conn = h11.Connection(h11.SERVER)
     while True:
-        request, body = None, b""
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                conn.receive_data(data)
-            elif isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                return
-        assert request is not None
+        got = await read_request(conn, reader)
+        if got is None:
+            return
+        request, body = got
         decoded = json.loads(body)
         with log.open("a") as out:
             out.write(json.dumps({"mode": mode, "path": request.target.decode(),
@@ -139,8 +129,9 @@ from tests.support import activated  # noqa: E402
 
 @contextmanager
 def _upstream(mode: str, log: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    process = subprocess.Popen([sys.executable, __file__, mode, str(log)],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "tests.service.test_routerd_failover",
+                                mode, str(log)], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[2])
     try:
         assert process.stdout is not None
         yield process, int(process.stdout.readline())

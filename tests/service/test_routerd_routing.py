@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,80 +25,27 @@ import pytest
 import varlink
 
 from tests.support import activated
+from tests.upstreams import send_json, serving
 
 #: name -> "ok" | "fail" | seconds to wait before answering.
 BEHAVIOUR: dict[str, Any] = {}
 SEEN: list[str] = []
 
 
-async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    conn = h11.Connection(h11.SERVER)
-    try:
-        while True:
-            request = None
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    data = await reader.read(65536)
-                    if not data:
-                        return
-                    conn.receive_data(data)
-                elif isinstance(event, h11.Request):
-                    request = event
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif not isinstance(event, h11.Data):
-                    return
-            assert request is not None
-            name = request.target.decode().split("/")[1]
-            SEEN.append(name)
-            behaviour = BEHAVIOUR.get(name, "ok")
-            if isinstance(behaviour, float):
-                await asyncio.sleep(behaviour)
-            status = 500 if behaviour == "fail" else 200
-            payload = json.dumps({"id": "x", "object": "chat.completion", "created": 0,
-                                  "model": "m", "choices": [{
-                                      "index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": name}}]})
-            writer.write(conn.send(h11.Response(status_code=status, headers=[
-                ("content-type", "application/json"),
-                ("content-length", str(len(payload)))])) + conn.send(
-                h11.Data(data=payload.encode())) + conn.send(h11.EndOfMessage()))
-            await writer.drain()
-            conn.start_next_cycle()
-    except (OSError, h11.ProtocolError):
-        pass
-    finally:
-        writer.close()
-
-
-@contextmanager
-def _upstream() -> Iterator[int]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    port: list[int] = []
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        server = await asyncio.start_server(_serve, "127.0.0.1", 0)
-        port.append(server.sockets[0].getsockname()[1])
-        ready.set()
-        async with server:
-            await stop.wait()
-        tasks = asyncio.all_tasks() - {asyncio.current_task()}
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    ready.wait(5)
-    try:
-        yield port[0]
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(5)
-        loop.close()
+async def _answer(conn: h11.Connection, request: h11.Request, body: bytes,
+                  writer: asyncio.StreamWriter) -> bool:
+    """/<name>/v1/…: behaves as BEHAVIOUR[name] says, answers its name."""
+    name = request.target.decode().split("/")[1]
+    SEEN.append(name)
+    behaviour = BEHAVIOUR.get(name, "ok")
+    if isinstance(behaviour, float):
+        await asyncio.sleep(behaviour)
+    send_json(conn, writer, {"id": "x", "object": "chat.completion", "created": 0,
+                             "model": "m", "choices": [{
+                                 "index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": name}}]},
+              status=500 if behaviour == "fail" else 200)
+    return True
 
 
 CONFIG = """
@@ -144,7 +91,7 @@ models = ["slow"]
 
 class Node:
     def __init__(self, root: Path, stack: ExitStack) -> None:
-        port = stack.enter_context(_upstream())
+        port = stack.enter_context(serving(_answer))
         self.psi = root / "memory.pressure"
         self.set_pressure(0.0)
         (root / "config").mkdir(parents=True, exist_ok=True)
