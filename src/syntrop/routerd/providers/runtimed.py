@@ -27,6 +27,22 @@ def _sampling(body: dict[str, Any]) -> Any:
     )
 
 
+def _failed(error: Exception) -> ProviderError:
+    """A runtimed call's failure in OpenAI's terms: a refused request 400 (no
+    retry elsewhere), a timeout 504, anything else 502."""
+    from asyncvarlink import VarlinkErrorReply
+
+    from syntrop.varlink.client import CallTimeout
+
+    if isinstance(error, VarlinkErrorReply):
+        if error.name.endswith(("InvalidParameter", "InvalidSampling", "InvalidConstraint")):
+            return ProviderError(400, f"runtimed answered {error.name}", retryable=False)
+        return ProviderError(502, f"runtimed answered {error.name}")
+    if isinstance(error, CallTimeout):
+        return ProviderError(504, "runtimed did not answer in time")
+    return ProviderError(502, f"runtimed failed: {error}")
+
+
 def _content(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):  # parts: keep the text ones
@@ -63,15 +79,8 @@ class RuntimedProvider:
                                               sampling=_sampling(body))
                 async for reply in replies:
                     yield reply["chunk"]
-            except VarlinkErrorReply as error:
-                if error.name.endswith(("InvalidParameter", "InvalidSampling")):
-                    raise ProviderError(400, f"runtimed answered {error.name}",
-                                        retryable=False) from None
-                raise ProviderError(502, f"runtimed answered {error.name}") from None
-            except CallTimeout:
-                raise ProviderError(504, "runtimed did not answer in time") from None
-            except OSError as error:
-                raise ProviderError(502, f"runtimed failed: {error}") from None
+            except (VarlinkErrorReply, CallTimeout, OSError) as error:
+                raise _failed(error) from None
 
     async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
         ident = ("chatcmpl-" if endpoint == "chat/completions" else "cmpl-") + os.urandom(8).hex()
@@ -109,15 +118,8 @@ class RuntimedProvider:
         async with client:
             try:
                 result = await client.Embed(model=body["model"], input=list(texts))
-            except VarlinkErrorReply as error:
-                if error.name.endswith("InvalidParameter"):
-                    raise ProviderError(400, f"runtimed answered {error.name}",
-                                        retryable=False) from None
-                raise ProviderError(502, f"runtimed answered {error.name}") from None
-            except CallTimeout:
-                raise ProviderError(504, "runtimed did not answer in time") from None
-            except OSError as error:
-                raise ProviderError(502, f"runtimed failed: {error}") from None
+            except (VarlinkErrorReply, CallTimeout, OSError) as error:
+                raise _failed(error) from None
         as_base64 = body.get("encoding_format") == "base64"
         data = []
         for index, embedding in enumerate(result["embeddings"]):
