@@ -30,6 +30,11 @@ class SessionConfig:
             or q4_0; the quantised types turn on flash attention.
         prompt_format: Prompt format declared by the profile, e.g. chatml.
         disable_bos: Do not add a BOS token.
+        lora: A LoRA adapter for this session: its name in modeld. Checked
+            against the model (architecture, shapes, base name) before any
+            token; AdapterMismatch otherwise.
+        lora_scale: The adapter's scale, 0 to 4; null for 1. 0 is the
+            model without it.
     """
 
     n_ctx: int | None
@@ -40,6 +45,8 @@ class SessionConfig:
     kv_cache_type: str | None
     prompt_format: str | None
     disable_bos: bool | None
+    lora: str | None = None
+    lora_scale: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,6 +335,19 @@ class InvalidSampling(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+class AdapterMismatch(TypedVarlinkErrorReply, interface=NAME):
+    """A LoRA adapter that is not one, or was made for another base model.
+
+    Parameters:
+        adapter: The adapter's name in modeld.
+        reason: What does not match.
+    """
+
+    class Parameters:
+        adapter: str
+        reason: str
+
+
 class InvalidConstraint(TypedVarlinkErrorReply, interface=NAME):
     """A constraint that cannot be built; answered before any token.
 
@@ -378,6 +398,7 @@ class Runtime1(Interface, name=NAME):
         ContextOverflow,
         InvalidSampling,
         InvalidConstraint,
+        AdapterMismatch,
         NoPrefix,
         Busy,
     )

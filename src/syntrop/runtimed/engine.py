@@ -349,6 +349,16 @@ class Engine:
             emit("", pending)
         return reason
 
+    def attach_lora(self, fd: int, scale: float) -> None:
+        """Check the LoRA adapter behind `fd` against this model and apply
+        it to this context with `scale` (lora.AdapterError when it does not
+        fit). The weights are freed with the model."""
+        from pathlib import Path
+
+        from syntrop.runtimed.lora import Adapter
+
+        Adapter.load(self._llama, Path(f"/proc/self/fd/{fd}")).attach(self._llama, scale)
+
     def guide(self, constraint: "Constraint") -> Any:
         """A logits processor list that keeps generation inside `constraint`
         (llguidance's token mask; the vocabulary is read once per model)."""

@@ -46,6 +46,7 @@ from syntrop.config import Paths
 from syntrop.interfaces import model as model_contract
 from syntrop.interfaces.model import Model1
 from syntrop.interfaces.runtime import (
+    AdapterMismatch,
     Busy,
     ChatMessage,
     Chunk,
@@ -127,6 +128,9 @@ class Seat:
     used: float = field(default_factory=time.monotonic)
     #: Resident tokens while spilled.
     spilled_tokens: int = 0
+    #: The session's LoRA adapter (modeld's descriptor) and its scale.
+    lora_fd: int | None = None
+    lora_scale: float = 1.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -179,6 +183,31 @@ class RuntimeService(Runtime1):
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
+
+    async def _adapter(self, name: str) -> int:
+        """A LoRA adapter's descriptor from modeld, its bytes checked against
+        the digest modeld reports (llama.cpp sees it only after `attach`'s
+        check against the model)."""
+        if not name or len(name) > MAX_NAME or "\0" in name:
+            raise InvalidParameter(parameter="config.lora")
+        try:
+            async with await connect(Model1, address=self.paths.socket(Model1.name),
+                                     timeout=MODELD_TIMEOUT) as modeld:
+                with await modeld.OpenModel(name=name) as reply:
+                    fd = os.dup(reply["fd"].fileno())
+                    digest = str(reply["digest"]).removeprefix("sha256:")
+        except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
+            raise ModelNotFound(model=name) from None
+        except OSError as error:
+            logger.warning("cannot reach modeld: %s", error)
+            raise ModelNotFound(model=name) from None
+        from syntrop.runtimed.engine import verify
+
+        actual = await asyncio.to_thread(verify, fd)
+        if actual != digest:
+            os.close(fd)
+            raise WeightsMismatch(expected=digest, actual=actual)
+        return fd
 
     def _keep_alive_left(self, name: str, resident: Resident, now: float) -> float | None:
         """Seconds before `name` is unloaded; None while it is in use."""
@@ -293,6 +322,8 @@ class RuntimeService(Runtime1):
             self.slots.release()
             raise
         try:
+            if seat.lora_fd is not None:
+                await asyncio.to_thread(engine.attach_lora, seat.lora_fd, seat.lora_scale)
             saved = await asyncio.to_thread(self.spill.take, session.session_id)
             await asyncio.to_thread(engine.restore, saved)
         except (EngineError, OSError, KeyError, ValueError) as error:
@@ -580,6 +611,9 @@ class RuntimeService(Runtime1):
                     await asyncio.to_thread(work)
                 finally:
                     self.slots.release()
+            if seat.lora_fd is not None:
+                os.close(seat.lora_fd)
+                seat.lora_fd = None
         if session.model in self.models:
             self.models[session.model].release()
 
@@ -590,7 +624,17 @@ class RuntimeService(Runtime1):
         if not owner_instance_id or len(owner_instance_id) > MAX_NAME:
             raise InvalidParameter(parameter="owner_instance_id")
         options = self._options(config)
-        resident = await self._resident(model)
+        lora = config.lora if config else None
+        scale = config.lora_scale if config and config.lora_scale is not None else 1.0
+        if not 0.0 <= scale <= 4.0:
+            raise InvalidParameter(parameter="config.lora_scale")
+        lora_fd = await self._adapter(lora) if lora is not None else None
+        try:
+            resident = await self._resident(model)
+        except BaseException:
+            if lora_fd is not None:
+                os.close(lora_fd)
+            raise
         try:
             for ended in self.table.fence(owner_instance_id):
                 logger.info("session %s ended by a takeover", ended.session_id)
@@ -601,16 +645,33 @@ class RuntimeService(Runtime1):
             except BaseException:
                 self.slots.release()
                 raise
+            if lora_fd is not None:
+                await self._attach(engine, lora or "", lora_fd, scale)
         except LoadError as error:
             resident.release()
             raise InvalidModel(model=model, reason=error.reason) from None
         except BaseException:
             resident.release()
+            if lora_fd is not None:
+                os.close(lora_fd)
             raise
-        seat = Seat(options=options, engine=engine, n_ctx=engine.n_ctx)
+        seat = Seat(options=options, engine=engine, n_ctx=engine.n_ctx, lora_fd=lora_fd,
+                    lora_scale=scale)
         session = self.table.add(owner=owner_instance_id, model=model, engine=seat,
                                  add_bos=not (config and config.disable_bos))
         return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
+
+    async def _attach(self, engine: Engine, name: str, fd: int, scale: float) -> None:
+        """Apply a session's adapter to its new context, or close the context,
+        free the slot and answer AdapterMismatch."""
+        from syntrop.runtimed.lora import AdapterError
+
+        try:
+            await asyncio.to_thread(engine.attach_lora, fd, scale)
+        except AdapterError as error:
+            await asyncio.to_thread(engine.close)
+            self.slots.release()
+            raise AdapterMismatch(adapter=name, reason=error.reason[:512]) from None
 
     @implements
     async def EnsurePrefix(
