@@ -211,6 +211,25 @@ def test_package_upgrade_changes_config_context_names_package(
 
 # --- the model phase overruns with a model present --------------------------------
 
+def break_with_dropin(instance: Instance, unit: str,
+                      ) -> tuple[str, dict[str, str], set[str], dict[str, Any]]:
+    """Start `unit`, break it with a bad drop-in contextd has seen, restart
+    it; the drop-in's path, the other units' states and the incidents'
+    units before, and sentry's finished incident."""
+    install(instance, unit, "ExecStart=/bin/sleep infinity\n")
+    instance.systemctl("start", unit)
+    before, incidents_before = states(instance, unit), incident_units(instance)
+    path = f"/etc/systemd/system/{unit}.d/50-bad.conf"
+    instance.write(path, "[Service]\nExecStart=\nExecStart=/bin/sh -c 'exit 3'\n")
+    wait_until("contextd recorded the drop-in", lambda: any(
+        e.get("path") == path for e in call(instance, "ListEvents", interface=CONTEXT,
+                                            kind="dropin")["events"]), 10)
+    instance.systemctl("daemon-reload")
+    instance.systemctl("restart", unit, check=False)
+    [incident] = finished(instance, unit)
+    return path, before, incidents_before, incident
+
+
 def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
     model = smollm2_path()
     if model is None:
@@ -222,17 +241,7 @@ def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
     restart_sentry(sentry, 20)  # far below what SmolLM2 needs on any CPU
     try:
         unit = "model-late.service"
-        install(sentry, unit, "ExecStart=/bin/sleep infinity\n")
-        sentry.systemctl("start", unit)
-        before, incidents_before = states(sentry, unit), incident_units(sentry)
-        path = f"/etc/systemd/system/{unit}.d/50-bad.conf"
-        sentry.write(path, "[Service]\nExecStart=\nExecStart=/bin/sh -c 'exit 3'\n")
-        wait_until("contextd recorded the drop-in", lambda: any(
-            e.get("path") == path for e in call(sentry, "ListEvents", interface=CONTEXT,
-                                                kind="dropin")["events"]), 10)
-        sentry.systemctl("daemon-reload")
-        sentry.systemctl("restart", unit, check=False)
-        [incident] = finished(sentry, unit)
+        path, before, incidents_before, incident = break_with_dropin(sentry, unit)
         decide = phase(incident, "decide")
         assert decide["outcome"] == "timeout", decide
         assert decide["detail"].startswith("over its budget of 20 ms; the model "), decide
@@ -257,17 +266,7 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
     restart_sentry(sentry, 20_000)
     try:
         unit = "model-decides.service"
-        install(sentry, unit, "ExecStart=/bin/sleep infinity\n")
-        sentry.systemctl("start", unit)
-        before, incidents_before = states(sentry, unit), incident_units(sentry)
-        path = f"/etc/systemd/system/{unit}.d/50-bad.conf"
-        sentry.write(path, "[Service]\nExecStart=\nExecStart=/bin/sh -c 'exit 3'\n")
-        wait_until("contextd recorded the drop-in", lambda: any(
-            e.get("path") == path for e in call(sentry, "ListEvents", interface=CONTEXT,
-                                                kind="dropin")["events"]), 10)
-        sentry.systemctl("daemon-reload")
-        sentry.systemctl("restart", unit, check=False)
-        [incident] = finished(sentry, unit)
+        path, before, incidents_before, incident = break_with_dropin(sentry, unit)
         decide = phase(incident, "decide")
         print(f"\ndecide {decide['duration_usec'] / 1000:.0f} ms: {decide['detail']}")
         assert decide["outcome"] == "ok", decide

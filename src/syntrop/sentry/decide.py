@@ -23,10 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from syntrop.sentry.rules import Change, Decision, recent_dropin
+from syntrop.sentry.rules import NONE, Change, Decision, recent_dropin
 
-#: The tool name that means "do nothing".
-NONE = "none"
 #: Decoding: greedy and short. An answer is about 30 tokens.
 MAX_TOKENS = 48
 TEMPERATURE = 0.0

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syntrop.sentry import decide, gang
 from syntrop.sentry.pipeline import Executed, Facts, Phases
 from syntrop.sentry.rules import DEFAULT_RECENT_USEC, Change, Decision
 from syntrop.system.systemd import Systemd
@@ -56,8 +55,10 @@ class Live:
         """What the model had answered when its decision was cut off."""
         if self._partial is None:
             return "the model was not reached"
+        from syntrop.sentry.decide import summarise
+
         text, tokens, since = self._partial
-        return (f"the model had answered {decide.summarise(text)!r} ({tokens} tokens) in "
+        return (f"the model had answered {summarise(text)!r} ({tokens} tokens) in "
                 f"{(time.monotonic() - since) * 1e3:.0f} ms")
 
     async def context(self, unit: str, failure_usec: int) -> Facts:
@@ -82,6 +83,10 @@ class Live:
     async def gang(self, unit: str, facts: Facts) -> str:
         """Classify the context's kernel and journal lines; quarantine the
         faulty planes through Inference1; say which and why."""
+        # The classifier and the prompt builder load on the first incident,
+        # not on every socket-activated start.
+        from syntrop.sentry import gang
+
         faults = gang.classify(facts.kernel_lines())
         if not faults:
             return gang.Verdict().summary()
@@ -124,6 +129,7 @@ class Live:
         is absent or the answer is not an acceptable call of an offered tool;
         the error carries the raw answer."""
         from syntrop.interfaces.tool import Tool1
+        from syntrop.sentry import decide
         from syntrop.varlink.client import connect
 
         started = time.monotonic()
@@ -157,6 +163,7 @@ class Live:
         import json
 
         from syntrop.interfaces.runtime import ChatMessage, Constraint, Runtime1, Sampling
+        from syntrop.sentry import decide
         from syntrop.varlink.client import connect
 
         sampling = Sampling(max_tokens=decide.MAX_TOKENS, temperature=decide.TEMPERATURE,

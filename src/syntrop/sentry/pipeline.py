@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from syntrop.sentry import rules
-from syntrop.sentry.decide import NONE
-from syntrop.sentry.rules import Change, Decision
+from syntrop.sentry.rules import NONE, Change, Decision
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 #: How close before the failure a drop-in change must be to be blamed.
 DEFAULT_RECENT_USEC = 600 * 1_000_000
+#: The tool name that means "do nothing".
+NONE = "none"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
