@@ -10,7 +10,8 @@ from dataclasses import dataclass
 MAX_STOPS = 8
 MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 10.0
-MAX_SEED = (1 << 32) - 1
+#: llama.cpp reads 2^32 - 1 as "choose a random seed": the largest one that repeats.
+MAX_SEED = (1 << 32) - 2
 DEFAULT_MAX_TOKENS = 256
 #: llama.cpp's own default min-p filter (llama-cpp-python's too).
 DEFAULT_MIN_P = 0.05
