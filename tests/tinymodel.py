@@ -110,18 +110,28 @@ def _store(writer: Any, name: str, data: Any, qtype: str) -> None:
                           raw_dtype=kind)
 
 
-def write(path: Path, qtype: str = "F32", *, seed: int = SEED) -> Path:
-    """Write the tiny model to `path` with matrices stored as `qtype`."""
+#: Architectures `write` can produce: llama, and qwen2vl (the same network
+#: with q/k/v biases and multi-section rotary positions, M-RoPE, whose
+#: KV cache llama.cpp cannot shift).
+ARCHITECTURES = ("llama", "qwen2vl")
+
+
+def write(path: Path, qtype: str = "F32", *, seed: int = SEED,
+          architecture: str = "llama", endless: bool = False) -> Path:
+    """Write the tiny model to `path` with matrices stored as `qtype`.
+    `endless` zeroes the output row of </s>: its logit is then 0, near the
+    median, so sampling with top-k 40 never ends a stream by itself."""
     import gguf
     import numpy as np
 
-    if qtype not in QTYPES:
-        raise ValueError(f"unsupported type {qtype}")
+    if qtype not in QTYPES or architecture not in ARCHITECTURES:
+        raise ValueError(f"unsupported type {qtype} or architecture {architecture}")
     tokens, scores, types = vocabulary()
     rng = np.random.default_rng(seed)
     head_dim = N_EMBD // N_HEAD
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(f"syntrop-tiny-{qtype}")
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(f"syntrop-tiny-{qtype}" + ("" if architecture == "llama" else
+                                                f"-{architecture}"))
     writer.add_block_count(N_LAYER)
     writer.add_context_length(N_CTX)
     writer.add_embedding_length(N_EMBD)
@@ -130,6 +140,9 @@ def write(path: Path, qtype: str = "F32", *, seed: int = SEED) -> Path:
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(ROPE_BASE)
+    if architecture == "qwen2vl":
+        # Temporal, height, width, extra: the rotary pairs of a head.
+        writer.add_rope_dimension_sections([head_dim // 4, head_dim // 8, head_dim // 8, 0])
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("llama")
@@ -157,13 +170,19 @@ def write(path: Path, qtype: str = "F32", *, seed: int = SEED) -> Path:
         _store(writer, prefix + "attn_q.weight", matrix(N_EMBD, N_EMBD, 0.08), qtype)
         _store(writer, prefix + "attn_k.weight", matrix(kv, N_EMBD, 0.08), qtype)
         _store(writer, prefix + "attn_v.weight", matrix(kv, N_EMBD, 0.08), qtype)
+        if architecture == "qwen2vl":
+            for name, size in (("attn_q", N_EMBD), ("attn_k", kv), ("attn_v", kv)):
+                _store(writer, prefix + name + ".bias", norm(size) - 1.0, "F32")
         _store(writer, prefix + "attn_output.weight", matrix(N_EMBD, N_EMBD, 0.05), qtype)
         _store(writer, prefix + "ffn_norm.weight", norm(N_EMBD), qtype)
         _store(writer, prefix + "ffn_gate.weight", matrix(N_FF, N_EMBD, 0.08), qtype)
         _store(writer, prefix + "ffn_up.weight", matrix(N_FF, N_EMBD, 0.08), qtype)
         _store(writer, prefix + "ffn_down.weight", matrix(N_EMBD, N_FF, 0.05), qtype)
     _store(writer, "output_norm.weight", norm(N_EMBD), qtype)
-    _store(writer, "output.weight", matrix(len(tokens), N_EMBD, 0.15), qtype)
+    output = matrix(len(tokens), N_EMBD, 0.15)
+    if endless:
+        output[EOS] = 0.0
+    _store(writer, "output.weight", output, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

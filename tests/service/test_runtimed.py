@@ -53,9 +53,11 @@ require_llama()
 class Node:
     """modeld and runtimed sharing one root."""
 
-    def __init__(self, root: Path, runtime: str) -> None:
+    def __init__(self, root: Path, runtime: str, pid: int = 0) -> None:
         self.root = root
         self.runtime = runtime
+        #: runtimed's process (systemd-socket-activate execs it).
+        self.pid = pid
         self.model = f"unix:{root / 'run' / Model1.name}"
 
     def run(self, main: Any) -> Any:
@@ -66,6 +68,20 @@ class Node:
 
     async def modeld(self) -> Client:
         return await connect(Model1, address=self.model, timeout=60)
+
+
+def register(node: Node, files: dict[str, Path]) -> None:
+    """Register `files` in the node's modeld by name, then start runtimed
+    (socket activation starts it on its first connection: in the fixture,
+    not inside a test)."""
+    async def main() -> None:
+        async with await node.modeld() as modeld:
+            for name, path in files.items():
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                await modeld.Register(name=name, path=str(path), sha256=digest)
+        async with await node.runtimed() as runtime:
+            await runtime.GetLoad()
+    node.run(main())
 
 
 @contextlib.contextmanager
@@ -79,7 +95,7 @@ def started(root: Path, config: str | None = None) -> Iterator[Node]:
     with ExitStack() as stack:
         stack.enter_context(activated("modeld", root))
         runtime = stack.enter_context(activated("runtimed", root))
-        node = Node(root, runtime.address)
+        node = Node(root, runtime.address, runtime.process.pid)
 
         async def register() -> None:
             async with await node.modeld() as modeld:

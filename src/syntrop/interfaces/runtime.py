@@ -35,6 +35,15 @@ class SessionConfig:
             token; AdapterMismatch otherwise.
         lora_scale: The adapter's scale, 0 to 4; null for 1. 0 is the
             model without it.
+        sinks: Stream past the context window: keep this many first tokens
+            (the attention sinks) and, when the window is full, drop the
+            oldest tokens after them (half the rest) by shifting the KV
+            cache, so Decode runs on with memory bounded. 0 to n_ctx / 2;
+            null to stop at the window's end. Models whose cache cannot
+            shift answer ShiftUnsupported.
+        journal_bytes: With sinks: how many bytes of the latest generated
+            text the session keeps (ExplainContext's journal); null for
+            16384, at most 1 MiB.
     """
 
     n_ctx: int | None
@@ -47,6 +56,8 @@ class SessionConfig:
     disable_bos: bool | None
     lora: str | None = None
     lora_scale: float | None = None
+    sinks: int | None = None
+    journal_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +97,25 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Speculative:
+    """Speculative decoding: a cheap drafter proposes tokens and the model
+    checks them in one batch, keeping what it would have chosen itself
+    (greedy: the same text; sampling: the same distribution).
+
+    Fields:
+        draft: A draft model's name in modeld (a smaller model with the same
+            vocabulary, checked: VocabularyMismatch otherwise); null to
+            draft by prompt lookup (continuing an earlier occurrence of the
+            last tokens in the context), which pays where the output copies
+            the input.
+        draft_max: Most tokens drafted per step, 1 to 16; null for 8.
+    """
+
+    draft: str | None = None
+    draft_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Sampling:
     """How to pick tokens.
 
@@ -103,6 +133,8 @@ class Sampling:
             follows. Thinking streams in chunks marked thinking; the markers
             never reach the text. Null for no budget; models without
             single-token markers answer InvalidSampling.
+        speculative: Decode speculatively; null for plain decoding. Not
+            with a constraint or a reasoning budget.
     """
 
     max_tokens: int | None
@@ -113,6 +145,7 @@ class Sampling:
     stop: list[str] | None
     min_p: float | None = None
     reasoning_budget: int | None = None
+    speculative: Speculative | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +187,13 @@ class Chunk:
             tokens generated (markers not counted).
         answer_tokens: On the last chunk, with a reasoning budget: answer
             tokens generated.
+        drafted_tokens: On the last chunk, when decoding speculatively:
+            tokens the drafter proposed.
+        accepted_tokens: On the last chunk, when decoding speculatively:
+            drafted tokens the model kept (the acceptance rate is
+            accepted_tokens / drafted_tokens).
+        shifted_tokens: On the last chunk of a session with sinks: tokens
+            dropped from the window by this call's shifts.
     """
 
     text: str
@@ -162,6 +202,9 @@ class Chunk:
     thinking: bool | None = None
     thinking_tokens: int | None = None
     answer_tokens: int | None = None
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    shifted_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +230,8 @@ class LoadedModel:
         sessions: Sessions open on it, spilled ones included.
         keep_alive_s: Seconds left before it is unloaded if it stays idle;
             null while it is in use.
+        batch_free: With layout batch: sequences free in the model's shared
+            decode batch; null when it has none.
     """
 
     name: str
@@ -194,6 +239,7 @@ class LoadedModel:
     busy: int
     sessions: int
     keep_alive_s: float | None
+    batch_free: int | None = None
 
 
 class OpenSessionResult(TypedDict):
@@ -231,6 +277,9 @@ class ContextReport(TypedDict):
     manifest_digest: str
     manifest: ContextManifest | None
     closed: bool
+    shifted_tokens: int | None
+    journal: str | None
+    journal_total_bytes: int | None
 
 
 class EmbedResult(TypedDict):
@@ -363,6 +412,32 @@ class InvalidConstraint(TypedVarlinkErrorReply, interface=NAME):
         message: str
 
 
+class VocabularyMismatch(TypedVarlinkErrorReply, interface=NAME):
+    """The draft model tokenizes differently from the model; answered
+    before any token.
+
+    Parameters:
+        draft: The draft model.
+        reason: What differs.
+    """
+
+    class Parameters:
+        draft: str
+        reason: str
+
+
+class ShiftUnsupported(TypedVarlinkErrorReply, interface=NAME):
+    """The model's KV cache cannot shift positions (multi-section rotary
+    positions, recurrent state), so it cannot stream past its window.
+
+    Parameters:
+        model: The model.
+    """
+
+    class Parameters:
+        model: str
+
+
 class NoPrefix(TypedVarlinkErrorReply, interface=NAME):
     """Decode or PrefillSuffix before EnsurePrefix.
 
@@ -399,6 +474,8 @@ class Runtime1(Interface, name=NAME):
         InvalidSampling,
         InvalidConstraint,
         AdapterMismatch,
+        VocabularyMismatch,
+        ShiftUnsupported,
         NoPrefix,
         Busy,
     )
@@ -543,6 +620,11 @@ class Runtime1(Interface, name=NAME):
             manifest_digest: Digest of the manifest.
             manifest: The manifest; null before the first EnsurePrefix.
             closed: Whether the session is closed.
+            shifted_tokens: With sinks: tokens dropped from the window so
+                far; null without.
+            journal: With sinks: the latest generated text, at most
+                journal_bytes; null without.
+            journal_total_bytes: With sinks: bytes generated in all.
         """
 
     @method

@@ -5,7 +5,7 @@
     queue = 8          # requests that may wait for a slot; more get Busy
     n_ctx = 2048       # default context window
     n_threads = 0      # most threads per context; 0 for all CPUs
-    layout = "auto"    # auto, instances or threads (layout.py)
+    layout = "auto"    # auto, instances, threads or batch (layout.py)
     instances = 0      # layout "instances": contexts computing side by
                        # side, n_threads / instances threads each; 0: one per CPU
     keep_alive = 300   # seconds an idle model stays resident

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.sampling import Params, StopScanner
+from syntrop.runtimed.sampling import MAX_SEED, Params, StopScanner
 
 if TYPE_CHECKING:
     from syntrop.runtimed.constrain import Constraint
     from syntrop.runtimed.reasoning import Reasoning
+    from syntrop.runtimed.sinks import Window
 
 #: Bytes hashed per read.
 CHUNK = 1 << 20
@@ -111,6 +112,64 @@ Emit = Callable[[str, int], None]
 Think = Callable[[str, int], None]
 
 
+class Output:
+    """Sampled tokens → a stream's pieces, the same for every way of
+    decoding: UTF-8 decoded across token boundaries, text that may begin a
+    stop string held back until decided, and with `reasoning` the thinking
+    sent to `think` apart from the answer, markers to neither."""
+
+    def __init__(self, llama: Any, emit: Emit, stops: tuple[str, ...],
+                 reasoning: "Reasoning | None" = None, think: Think | None = None) -> None:
+        self._llama = llama
+        self._emit = emit
+        self._scanner = StopScanner(stops)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._reasoning = reasoning
+        self._think = think
+        self._pending = 0
+        #: Tokens taken so far; whether a stop string ended the text.
+        self.count = 0
+        self.stopped = False
+
+    def eog(self, token: int) -> bool:
+        """Whether `token` ends generation (it is not text)."""
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token))
+
+    def token(self, token: int) -> bool:
+        """Take one generated token; False when a stop string ended the text."""
+        from syntrop.runtimed.reasoning import ANSWER, THINKING
+
+        self.count += 1
+        if self._reasoning is not None and (kind := self._reasoning.feed(token)) != ANSWER:
+            if self._think is not None:
+                piece = self._llama.detokenize([token], special=False) if kind == THINKING \
+                    else b""
+                self._think(self._thought.decode(piece), 1)
+            return True
+        self._pending += 1
+        text = self._decoder.decode(self._llama.detokenize([token], special=False))
+        safe, self.stopped = self._scanner.feed(text)
+        if safe:
+            self._emit(safe, self._pending)
+            self._pending = 0
+        return not self.stopped
+
+    def close(self) -> None:
+        """Send what is held back (unless a stop string ended the text) and
+        the count of tokens not yet reported."""
+        if not self.stopped:
+            tail = self._scanner.flush() + self._decoder.decode(b"", final=True)
+            if tail:
+                self._emit(tail, self._pending)
+                self._pending = 0
+        if self._pending:
+            self._emit("", self._pending)
+            self._pending = 0
+
+
 class Engine:
     """One loaded llama.cpp model and context."""
 
@@ -155,6 +214,11 @@ class Engine:
 
             llama_cpp.llama_set_n_threads(self._llama._ctx.ctx, threads, threads)
             self._threads = threads
+
+    @property
+    def llama(self) -> Any:
+        """llama-cpp-python's `Llama` (for the decoding modules)."""
+        return self._llama
 
     @property
     def n_ctx(self) -> int:
@@ -254,14 +318,17 @@ class Engine:
     def generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
                  emit: Emit, *, extra_stops: tuple[str, ...] = (), pace: Pace | None = None,
                  logits_processor: Any = None, first: Callable[[], None] | None = None,
-                 reasoning: "Reasoning | None" = None, think: Think | None = None) -> str:
+                 reasoning: "Reasoning | None" = None, think: Think | None = None,
+                 window: "Window | None" = None) -> str:
         """Generate after `tokens`, reusing whatever prefix of them is
         resident. Calls `emit(text, tokens)` per piece; returns the finish
         reason: stop, length or cancelled. `pace` sets the thread count and
         turns per token; `logits_processor` (llama-cpp-python's) goes to the
         sampler; `first` is called when the first token is sampled. With
         `reasoning` (see `reasoning()`), thinking goes to `think` instead of
-        `emit`, markers to neither, and the budget is enforced."""
+        `emit`, markers to neither, and the budget is enforced. With
+        `window` (and no processor), generation slides past the context
+        instead of stopping at its end (`shift`)."""
         pace = pace or Pace("threads", self.max_threads)
         if reasoning is not None:
             from llama_cpp import LogitsProcessorList
@@ -269,7 +336,7 @@ class Engine:
             logits_processor = LogitsProcessorList([*(logits_processor or []), reasoning])
         with pace.running():
             return self._generate(tokens, params, stop, emit, extra_stops, pace,
-                                  logits_processor, first, reasoning, think)
+                                  logits_processor, first, reasoning, think, window)
 
     def reasoning(self, budget: int | None) -> "Reasoning":
         """A thinking budget for one generation on this model; ReasoningError
@@ -286,27 +353,34 @@ class Engine:
     def _generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
                   emit: Emit, extra_stops: tuple[str, ...], pace: Pace,
                   logits_processor: Any, first: Callable[[], None] | None,
-                  reasoning: "Reasoning | None" = None, think: Think | None = None) -> str:
-        import llama_cpp
-
-        from syntrop.runtimed.reasoning import ANSWER, THINKING
-
+                  reasoning: "Reasoning | None" = None, think: Think | None = None,
+                  window: "Window | None" = None) -> str:
         llama = self._llama
+        # The processors (constraint, reasoning) count the context's tokens
+        # from the first call on: a shift would confuse them.
+        sliding = window is not None and logits_processor is None
+        if sliding and len(tokens) >= self.n_ctx:
+            assert window is not None
+            self.shift(window, 1)
+            tokens = self.resident()
         self.check_fits(len(tokens))
-        budget = min(params.max_tokens, self.n_ctx - len(tokens))
+        budget = params.max_tokens if sliding else min(params.max_tokens,
+                                                       self.n_ctx - len(tokens))
         llama.set_seed(params.seed)
-        scanner = StopScanner(params.stop + extra_stops)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        thought = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        vocab = llama._model.vocab
+        output = Output(llama, emit, params.stop + extra_stops, reasoning, think)
+        tokens_out = self._sample(tokens, params, logits_processor)
         reason = "length"
-        pending = 0
-        tokens_out = llama.generate(list(tokens), top_k=params.top_k, top_p=params.top_p,
-                                    min_p=params.min_p, temp=params.temperature,
-                                    repeat_penalty=1.0, reset=True,
-                                    logits_processor=logits_processor)
         produced = 0
+        token: int | None = None
         while True:
+            if sliding and token is not None and llama.n_tokens >= self.n_ctx:
+                # The last token is sampled, not yet evaluated, and the window
+                # is full: slide it and go on from the same place.
+                assert window is not None
+                tokens_out.close()
+                self.shift(window, 1)
+                llama.set_seed((params.seed + window.shifts) % (MAX_SEED + 1))
+                tokens_out = self._sample([*self.resident(), token], params, None)
             with pace.turn():
                 self.use_threads(pace.threads(self.max_threads))
                 token = next(tokens_out, None)
@@ -319,35 +393,71 @@ class Engine:
             if stop.is_set():
                 reason = "cancelled"
                 break
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                reason = "stop"
-                break
-            if reasoning is not None and (kind := reasoning.feed(token)) != ANSWER:
-                if think is not None:
-                    piece = llama.detokenize([token], special=False) if kind == THINKING else b""
-                    think(thought.decode(piece), 1)
-                if produced >= budget:
-                    break
-                continue
-            pending += 1
-            text = decoder.decode(llama.detokenize([token], special=False))
-            safe, stopped = scanner.feed(text)
-            if safe:
-                emit(safe, pending)
-                pending = 0
-            if stopped:
+            if output.eog(token) or not output.token(token):
                 reason = "stop"
                 break
             if produced >= budget:
                 break
-        if reason != "stop":
-            tail = scanner.flush() + decoder.decode(b"", final=True)
-            if tail:
-                emit(tail, pending)
-                pending = 0
-        if pending:
-            emit("", pending)
+        output.close()
         return reason
+
+    def _sample(self, tokens: Sequence[int], params: Params, logits_processor: Any) -> Any:
+        """llama-cpp-python's generator of sampled tokens after `tokens`."""
+        return self._llama.generate(list(tokens), top_k=params.top_k, top_p=params.top_p,
+                                    min_p=params.min_p, temp=params.temperature,
+                                    repeat_penalty=1.0, reset=True,
+                                    logits_processor=logits_processor)
+
+    def can_shift(self) -> bool:
+        """Whether this context's KV cache can move positions (sinks.py)."""
+        import llama_cpp
+
+        return bool(llama_cpp.llama_memory_can_shift(
+            llama_cpp.llama_get_memory(self._llama._ctx.ctx)))
+
+    def shift(self, window: "Window", incoming: int) -> int:
+        """Make room for `incoming` tokens after the resident ones by dropping
+        tokens after the window's sinks (sinks.py); tokens dropped."""
+        llama = self._llama
+        resident = self.resident()
+        dropped = window.slide(llama._ctx.ctx, resident, incoming, self.n_ctx)
+        if dropped:
+            kept = resident[:window.sinks] + resident[window.sinks + dropped:]
+            llama.input_ids[:len(kept)] = kept
+            llama.n_tokens = len(kept)
+        return dropped
+
+    def speculate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
+                  emit: Emit, *, drafter: Any, draft_max: int,
+                  extra_stops: tuple[str, ...] = (), pace: Pace | None = None,
+                  first: Callable[[], None] | None = None) -> tuple[str, int, int]:
+        """Generate after `tokens` speculatively (speculative.py): `drafter`
+        proposes up to `draft_max` tokens a step and this model verifies them
+        in one batch. The finish reason, tokens drafted and accepted."""
+        from syntrop.runtimed.speculative import Sampler, Speculator
+
+        pace = pace or Pace("threads", self.max_threads)
+        self.check_fits(len(tokens))
+        budget = min(params.max_tokens, self.n_ctx - len(tokens))
+        output = Output(self._llama, emit, params.stop + extra_stops)
+        sampler = Sampler(temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, min_p=params.min_p, seed=params.seed)
+
+        def on_tokens(step: list[int]) -> bool:
+            if first is not None and output.count == 0:
+                first()
+            return all(output.token(token) for token in step)
+
+        speculator = Speculator(self._llama, drafter, draft_max=draft_max)
+        try:
+            with pace.running(), pace.turn():
+                self.use_threads(pace.threads(self.max_threads))
+                result = speculator.generate(tokens, budget, sampler=sampler,
+                                             on_tokens=on_tokens, stop=stop)
+        finally:
+            speculator.close()
+        output.close()
+        return result.reason, result.drafted, result.accepted
 
     def attach_lora(self, fd: int, scale: float) -> None:
         """Check the LoRA adapter behind `fd` against this model and apply

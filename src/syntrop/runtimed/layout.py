@@ -11,6 +11,9 @@ how many threads each context decodes with while others run:
 - ``auto``: adaptive: a context uses ``cpus // active`` threads (at least
   one), where ``active`` is the number of generations running now; a lone
   stream decodes with every thread, four streams on two CPUs with one each.
+- ``batch``: completion and chat streams share one decode batch per model
+  (batch.py's continuous batching, every thread); sessions' contexts pace
+  as in ``auto``.
 
 Why ``auto`` is the default (figures in docs/runtimed.md): on a 2-core host
 one stream decodes fastest with 2 threads (on a quiet host), but contexts
@@ -26,7 +29,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-LAYOUTS = ("auto", "instances", "threads")
+LAYOUTS = ("auto", "instances", "threads", "batch")
 
 
 class Pace:

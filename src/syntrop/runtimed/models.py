@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from syntrop.runtimed.engine import Engine, Options, verify
 
@@ -43,6 +44,12 @@ class Resident:
     busy: int = 0
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Layout batch: the model's shared decode batch (batch.Batcher) and the
+    #: small context that tokenizes for it.
+    batcher: Any = None
+    batch_engine: Engine | None = None
+    #: SHA-256 over the vocabulary (speculative.vocabulary_digest), once.
+    vocabulary: str | None = None
 
     @classmethod
     def open(cls, name: str, fd: int, digest: str, size: int) -> "Resident":
@@ -91,6 +98,12 @@ class Resident:
             self.idle.setdefault(options, []).append(engine)
 
     def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
+        if self.batch_engine is not None:
+            self.batch_engine.close()
+            self.batch_engine = None
         for pool in self.idle.values():
             for engine in pool:
                 engine.close()

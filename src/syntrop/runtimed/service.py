@@ -69,8 +69,11 @@ from syntrop.interfaces.runtime import (
     Sampling,
     SessionConfig,
     SessionNotFound,
+    ShiftUnsupported,
+    Speculative,
     StaleOwner,
     SuffixStatus,
+    VocabularyMismatch,
     WeightsMismatch,
 )
 from syntrop.runtimed import sessions as sessions_mod
@@ -82,6 +85,7 @@ from syntrop.runtimed.engine import (
     EngineError,
     LoadError,
     Options,
+    Output,
     Overflow,
     Think,
 )
@@ -101,7 +105,9 @@ from syntrop.varlink.client import connect
 if TYPE_CHECKING:
     # Imported when a request is constrained (llguidance, jsonschema behind it).
     from syntrop.runtimed import constrain
+    from syntrop.runtimed.batch import Batcher
     from syntrop.runtimed.reasoning import Reasoning
+    from syntrop.runtimed.sinks import Window
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +117,18 @@ MAX_MESSAGES = 256
 MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
 MODELD_TIMEOUT = 30.0
+#: Most tokens one Decode of a session with sinks may generate.
+MAX_STREAM_TOKENS = 1 << 20
+#: Journal size of a session with sinks: default and most.
+JOURNAL_BYTES = 16384
+MAX_JOURNAL_BYTES = 1 << 20
+#: Most tokens drafted per speculative step: default and most.
+DRAFT_MAX = 8
+MAX_DRAFT_MAX = 16
 
 Item = Chunk | BaseException
+#: Extra fields of a stream's last chunk, read when its work has ended.
+Final = Callable[[], dict[str, Any]]
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -131,7 +147,31 @@ class Seat:
     #: The session's LoRA adapter (modeld's descriptor) and its scale.
     lora_fd: int | None = None
     lora_scale: float = 1.0
+    #: With sinks: the sliding window (and the journal of the stream).
+    window: "Window | None" = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(eq=False, slots=True)
+class Work:
+    """A stream's work for its worker thread (`run`), and what its last
+    chunk reports once it has run (`final`)."""
+
+    reasoning: "Reasoning | None" = None
+    run: Callable[[threading.Event, Emit, Callable[[], None], Think], str] = \
+        field(default=lambda *_: "stop")
+    drafted: int | None = None
+    accepted: int | None = None
+    shifted: int | None = None
+
+    def final(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"drafted_tokens": self.drafted,
+                                 "accepted_tokens": self.accepted,
+                                 "shifted_tokens": self.shifted}
+        if self.reasoning is not None:
+            extra.update(thinking_tokens=self.reasoning.thinking_tokens,
+                         answer_tokens=self.reasoning.answer_tokens)
+        return extra
 
 
 class RuntimeService(Runtime1):
@@ -414,14 +454,13 @@ class RuntimeService(Runtime1):
 
     async def _stream(
         self, work: Callable[[threading.Event, Emit, Callable[[], None], Think], str],
-        done: Callable[[], None], received: float,
-        reasoning: "Reasoning | None" = None,
+        done: Callable[[], None], received: float, final: Final | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         """Run `work` in a thread and stream its pieces; `done` runs on the
         loop once the thread has ended, whatever happened to the client.
         `work` calls its third argument when it samples its first token and
-        its fourth with thinking text; with `reasoning`, the last chunk
-        carries its thinking and answer token counts."""
+        its fourth with thinking text; `final` gives the last chunk's extra
+        fields (counts), once `work` has returned."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         stop = threading.Event()
@@ -443,13 +482,11 @@ class RuntimeService(Runtime1):
             times["engine_start"] = time.monotonic()
             try:
                 reason = work(stop, emit, first, think)
+                extra = final() if final is not None else {}
             except BaseException as error:  # handed to the loop, raised there
                 put(error)
             else:
-                put(Chunk(text="", tokens=0, finish_reason=reason,
-                          thinking_tokens=None if reasoning is None
-                          else reasoning.thinking_tokens,
-                          answer_tokens=None if reasoning is None else reasoning.answer_tokens))
+                put(Chunk(text="", tokens=0, finish_reason=reason, **extra))
 
         future = loop.run_in_executor(None, run)
         self._workers.add(future)
@@ -460,8 +497,24 @@ class RuntimeService(Runtime1):
 
         future.add_done_callback(finished)
         try:
+            held: Item | None = None
             while True:
-                item = await queue.get()
+                item = held if held is not None else await queue.get()
+                held = None
+                # Answer pieces that queued up while the last reply went out
+                # leave as one reply: a loop that falls behind the engine
+                # catches up. (Thinking pieces stay apart: a marker's empty
+                # piece carries its token count on its own.)
+                while isinstance(item, Chunk) and item.finish_reason is None \
+                        and not item.thinking and not queue.empty():
+                    following = queue.get_nowait()
+                    if isinstance(following, Chunk) and following.finish_reason is None \
+                            and not following.thinking:
+                        item = replace(item, text=item.text + following.text,
+                                       tokens=item.tokens + following.tokens)
+                    else:
+                        held = following
+                        break
                 if isinstance(item, Overflow):
                     raise ContextOverflow(tokens=item.tokens, n_ctx=item.n_ctx)
                 if isinstance(item, Exception) and hasattr(item, "reason"):
@@ -497,42 +550,172 @@ class RuntimeService(Runtime1):
         compiled = await self._constraint(constraint)
         params = self._bounded(self._params(sampling, options.n_ctx), compiled, options.n_ctx)
         self._thinking(params, compiled)
-        resident = await self._resident(model)
+        speculative = self._speculative(sampling, params, compiled)
+        # What the request holds, given back (in reverse) when its work ends.
+        held = contextlib.ExitStack()
         try:
+            resident = await self._resident(model)
+            held.callback(resident.release)
             await self._slot()
-            try:
-                # An idle context is taken at once; loading one blocks.
-                engine = resident.take_idle(options)
-                if engine is None:
-                    engine = await asyncio.to_thread(resident.take, options)
-            except BaseException:
-                self.slots.release()
-                raise
+            held.callback(self.slots.release)
+            if self.config.layout == "batch" and speculative is None:
+                batcher, engine = await self._batcher(resident, options)
+                reasoning = self._reasoning(engine, params)
+                work = self._batched(batcher, engine, options.n_ctx, prompt, params,
+                                     compiled, reasoning)
+            else:
+                engine = await self._take(resident, options)
+                held.callback(resident.give, options, engine)
+                reasoning = self._reasoning(engine, params)
+                drafter = None if speculative is None else \
+                    await self._drafter(speculative, resident, engine, options, held)
+                work = self._solo(engine, prompt, params, compiled, reasoning, drafter,
+                                  speculative)
         except BaseException:
-            resident.release()
+            held.close()
             raise
+        async for reply in self._stream(work.run, held.close, received, work.final):
+            yield reply
 
-        def done() -> None:
-            resident.give(options, engine)
-            resident.release()
-            self.slots.release()
+    @staticmethod
+    async def _take(resident: Resident, options: Options) -> Engine:
+        """An idle context of `resident`, at once, or a new one (loading blocks)."""
+        engine = resident.take_idle(options)
+        return engine if engine is not None else await asyncio.to_thread(resident.take, options)
 
-        try:
-            reasoning = self._reasoning(engine, params)
-        except BaseException:
-            done()
-            raise
+    def _solo(self, engine: Engine,
+              prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]], params: Params,
+              compiled: "constrain.Constraint | None", reasoning: "Reasoning | None",
+              drafter: Any, speculative: Speculative | None) -> "Work":
+        """A stream on a context of its own (plain or speculative)."""
+        work = Work(reasoning)
 
-        def work(stop: threading.Event, emit: Emit, first: Callable[[], None],
-                 think: Think) -> str:
+        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
+                think: Think) -> str:
             tokens, stops = prompt(engine)
+            if speculative is not None:
+                reason, work.drafted, work.accepted = engine.speculate(
+                    tokens, params, stop, emit, drafter=drafter,
+                    draft_max=speculative.draft_max or DRAFT_MAX, extra_stops=stops,
+                    pace=self.pace, first=first)
+                return reason
             return engine.generate(tokens, params, stop, emit, extra_stops=stops,
                                    pace=self.pace, first=first,
                                    logits_processor=self._processor(engine, compiled),
                                    reasoning=reasoning, think=think)
 
-        async for reply in self._stream(work, done, received, reasoning):
-            yield reply
+        work.run = run
+        return work
+
+    def _batched(self, batcher: "Batcher", engine: Engine, n_ctx: int,
+                 prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]], params: Params,
+                 compiled: "constrain.Constraint | None",
+                 reasoning: "Reasoning | None") -> "Work":
+        """A stream as one sequence of the model's shared batch (layout
+        batch): its worker thread submits it and waits, relaying a cancel."""
+        work = Work(reasoning)
+
+        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
+                think: Think) -> str:
+            tokens, stops = prompt(engine)
+            if len(tokens) >= n_ctx:
+                raise Overflow(len(tokens), n_ctx)
+            output = Output(engine.llama, emit, params.stop + stops, reasoning, think)
+            processors = [*(self._processor(engine, compiled) or ()),
+                          *([reasoning] if reasoning is not None else [])]
+
+            def on_token(token: int) -> bool:
+                if output.count == 0:
+                    first()
+                return output.token(token)
+
+            request = batcher.submit(
+                tokens, min(params.max_tokens, n_ctx - len(tokens)),
+                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                min_p=params.min_p, seed=params.seed, processors=processors,
+                on_token=on_token)
+            while not request.wait(0.05):
+                if stop.is_set():
+                    request.cancel()
+            if request.error is not None:
+                raise request.error
+            output.close()
+            return str(request.reason)
+
+        work.run = run
+        return work
+
+    async def _batcher(self, resident: Resident, options: Options) -> tuple["Batcher", Engine]:
+        """The model's shared decode batch, made on first use: `slots`
+        sequences of the configured window, and a small context of the same
+        model that tokenizes for it."""
+        async with self._loading:
+            if resident.batcher is None:
+                from syntrop.runtimed.batch import Batcher
+
+                def make() -> tuple[Batcher, Engine]:
+                    engine = Engine.load(resident.fd, Options(n_ctx=64, n_batch=64,
+                                                              n_threads=1))
+                    try:
+                        batcher = Batcher(engine.llama, n_seq=self.config.slots,
+                                          n_ctx_seq=options.n_ctx,
+                                          n_batch=max(options.n_batch, self.config.slots),
+                                          threads=self.config.n_threads)
+                    except BaseException:
+                        engine.close()
+                        raise
+                    batcher.start()
+                    return batcher, engine
+
+                resident.batcher, resident.batch_engine = await asyncio.to_thread(make)
+        assert resident.batch_engine is not None
+        return resident.batcher, resident.batch_engine
+
+    def _speculative(self, sampling: Sampling | None, params: Params,
+                     compiled: "constrain.Constraint | None") -> Speculative | None:
+        """The request's speculative decoding, checked."""
+        spec = sampling.speculative if sampling is not None else None
+        if spec is None:
+            return None
+        if spec.draft_max is not None and not 1 <= spec.draft_max <= MAX_DRAFT_MAX:
+            raise InvalidSampling(parameter="speculative.draft_max",
+                                  reason=f"1 to {MAX_DRAFT_MAX}")
+        if spec.draft is not None and (not spec.draft or len(spec.draft) > MAX_NAME
+                                       or "\0" in spec.draft):
+            raise InvalidParameter(parameter="sampling.speculative.draft")
+        if compiled is not None:
+            raise InvalidConstraint(reason="unsupported", message="a constraint cannot "
+                                    "follow speculative decoding yet: send one of them")
+        if params.reasoning_budget is not None:
+            raise InvalidSampling(parameter="speculative",
+                                  reason="not with a reasoning budget")
+        return spec
+
+    async def _drafter(self, spec: Speculative, target: Resident, engine: Engine,
+                       options: Options, held: contextlib.ExitStack) -> Any:
+        """Prompt lookup, or a draft model's context (held until the stream
+        ends) whose vocabulary was checked against the target's."""
+        from syntrop.runtimed import speculative as sp
+
+        if spec.draft is None:
+            return sp.PromptLookup()
+        draft = await self._resident(spec.draft)
+        held.callback(draft.release)
+        draft_engine = await self._take(draft, options)
+        held.callback(draft.give, options, draft_engine)
+
+        def check() -> Any:
+            for resident, llama in ((target, engine.llama), (draft, draft_engine.llama)):
+                if resident.vocabulary is None:
+                    resident.vocabulary = sp.vocabulary_digest(llama)
+            sp.check_vocabulary(engine.llama, draft_engine.llama,
+                                digests=(target.vocabulary, draft.vocabulary))
+            return sp.DraftModel(engine.llama, draft_engine.llama, checked=True)
+
+        try:
+            return await asyncio.to_thread(check)
+        except sp.VocabularyMismatch as error:
+            raise VocabularyMismatch(draft=spec.draft, reason=error.reason) from None
 
     @implements
     async def Complete(
@@ -624,6 +807,7 @@ class RuntimeService(Runtime1):
         if not owner_instance_id or len(owner_instance_id) > MAX_NAME:
             raise InvalidParameter(parameter="owner_instance_id")
         options = self._options(config)
+        window = self._window(config, options.n_ctx)
         lora = config.lora if config else None
         scale = config.lora_scale if config and config.lora_scale is not None else 1.0
         if not 0.0 <= scale <= 4.0:
@@ -647,6 +831,10 @@ class RuntimeService(Runtime1):
                 raise
             if lora_fd is not None:
                 await self._attach(engine, lora or "", lora_fd, scale)
+            if window is not None and not engine.can_shift():
+                await asyncio.to_thread(engine.close)
+                self.slots.release()
+                raise ShiftUnsupported(model=model)
         except LoadError as error:
             resident.release()
             raise InvalidModel(model=model, reason=error.reason) from None
@@ -656,10 +844,26 @@ class RuntimeService(Runtime1):
                 os.close(lora_fd)
             raise
         seat = Seat(options=options, engine=engine, n_ctx=engine.n_ctx, lora_fd=lora_fd,
-                    lora_scale=scale)
+                    lora_scale=scale, window=window)
         session = self.table.add(owner=owner_instance_id, model=model, engine=seat,
                                  add_bos=not (config and config.disable_bos))
         return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
+
+    @staticmethod
+    def _window(config: SessionConfig | None, n_ctx: int) -> "Window | None":
+        """A session's sliding window, when its configuration asks for sinks."""
+        if config is None or config.sinks is None:
+            if config is not None and config.journal_bytes is not None:
+                raise InvalidParameter(parameter="config.journal_bytes")
+            return None
+        if not 0 <= config.sinks <= n_ctx // 2:
+            raise InvalidParameter(parameter="config.sinks")
+        size = JOURNAL_BYTES if config.journal_bytes is None else config.journal_bytes
+        if not 1 <= size <= MAX_JOURNAL_BYTES:
+            raise InvalidParameter(parameter="config.journal_bytes")
+        from syntrop.runtimed.sinks import Journal, Window
+
+        return Window(sinks=config.sinks, journal=Journal(size))
 
     async def _attach(self, engine: Engine, name: str, fd: int, scale: float) -> None:
         """Apply a session's adapter to its new context, or close the context,
@@ -762,29 +966,55 @@ class RuntimeService(Runtime1):
         if session.manifest_digest is None:
             raise NoPrefix(session_id=session_id)
         compiled = await self._constraint(constraint)
-        n_ctx = session.engine.n_ctx
-        params = self._bounded(self._params(sampling, n_ctx), compiled, n_ctx)
+        seat = session.engine
+        window = seat.window
+        # With sinks a Decode may run past the window (engine.generate says
+        # when it cannot: a constraint or a reasoning budget stops at its end).
+        limit = MAX_STREAM_TOKENS if window is not None else seat.n_ctx
+        params = self._bounded(self._params(sampling, limit), compiled, seat.n_ctx)
         self._thinking(params, compiled)
+        speculative = self._speculative(sampling, params, compiled)
+        held = contextlib.ExitStack()
         engine = await self._wake(session)
-        if session.manifest_digest is None:  # restored cold
-            self._rest(session)
-            raise NoPrefix(session_id=session_id)
+        held.callback(self._rest, session)
         try:
+            if session.manifest_digest is None:  # restored cold
+                raise NoPrefix(session_id=session_id)
             reasoning = self._reasoning(engine, params)
+            drafter = None if speculative is None else await self._drafter(
+                speculative, self.models[session.model], engine, seat.options, held)
         except BaseException:
-            self._rest(session)
+            held.close()
             raise
+        work = Work(reasoning)
 
-        def work(stop: threading.Event, emit: Emit, first: Callable[[], None],
-                 think: Think) -> str:
+        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
+                think: Think) -> str:
+            if window is not None:
+                def emit(text: str, tokens: int, emit: Emit = emit) -> None:
+                    window.journal.append(text)
+                    emit(text, tokens)
             with engine.lock:
-                return engine.generate(engine.resident(), params, stop, emit, pace=self.pace,
-                                       first=first,
-                                       logits_processor=self._processor(engine, compiled),
-                                       reasoning=reasoning, think=think)
+                if speculative is not None:
+                    reason, work.drafted, work.accepted = engine.speculate(
+                        engine.resident(), params, stop, emit, drafter=drafter,
+                        draft_max=speculative.draft_max or DRAFT_MAX, pace=self.pace,
+                        first=first)
+                    return reason
+                try:
+                    return engine.generate(
+                        engine.resident(), params, stop, emit, pace=self.pace, first=first,
+                        logits_processor=self._processor(engine, compiled),
+                        reasoning=reasoning, think=think, window=window)
+                finally:
+                    if window is not None:
+                        work.shifted = window.take_shifted()
+                        if work.shifted:
+                            # Only the sinks of the prefix are still resident.
+                            session.prefix_tokens = min(session.prefix_tokens, window.sinks)
 
-        async for reply in self._stream(work, lambda: self._rest(session), received,
-                                        reasoning):
+        work.run = run
+        async for reply in self._stream(work.run, held.close, received, work.final):
             yield reply
 
     @implements
@@ -803,6 +1033,9 @@ class RuntimeService(Runtime1):
             "manifest_digest": session.manifest_digest or "",
             "manifest": manifest,
             "closed": session.closed,
+            "shifted_tokens": seat.window.shifted if seat.window else None,
+            "journal": seat.window.journal.text() if seat.window else None,
+            "journal_total_bytes": seat.window.journal.total if seat.window else None,
         }
 
     @implements
@@ -825,7 +1058,8 @@ class RuntimeService(Runtime1):
             # Each open session holds its model once; the rest are requests.
             models.append(LoadedModel(name=name, resident_bytes=m.size,
                                       busy=max(0, m.busy - sessions), sessions=sessions,
-                                      keep_alive_s=self._keep_alive_left(name, m, now)))
+                                      keep_alive_s=self._keep_alive_left(name, m, now),
+                                      batch_free=m.batcher.free_slots if m.batcher else None))
         return {
             "free_slots": self.slots.free,
             "total_slots": self.slots.total,

@@ -10,12 +10,14 @@ which re-rotates the cached keys), so memory stays at one context while the
 stream runs on without bound. What was said is kept in a `Journal`: the
 last `limit` bytes of the stream's text.
 
-`plan` and `Journal` are pure; `Stream` drives a `Llama`'s context.
+`plan` and `Journal` are pure; `Window` is a session's sliding window (the
+service's sessions with `sinks`, through `Engine.shift`); `Stream` drives a
+`Llama`'s context on its own (tests, benchmarks).
 """
 
 import codecs
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from syntrop.runtimed import batch as lowlevel
@@ -64,6 +66,15 @@ def apply(window: list[int], shift: Shift) -> list[int]:
     return window[:shift.start] + window[shift.start + shift.count:]
 
 
+def shift_cache(ctx: Any, shift: Shift, seq: int = 0) -> None:
+    """Carry out `shift` on sequence `seq` of a context's KV cache."""
+    import llama_cpp
+
+    mem = lowlevel.memory(ctx)
+    llama_cpp.llama_memory_seq_rm(mem, seq, shift.start, shift.start + shift.count)
+    llama_cpp.llama_memory_seq_add(mem, seq, shift.start + shift.count, shift.end, -shift.count)
+
+
 class Journal:
     """The last `limit` bytes of a stream's text (cut at a character
     boundary), and how many bytes went through in all."""
@@ -95,6 +106,39 @@ class Journal:
 
     def __len__(self) -> int:
         return len(self._buffer)
+
+
+@dataclass(slots=True)
+class Window:
+    """A session's sliding window: `sinks` first tokens kept, `discard`
+    tokens after them dropped per shift (None: half the rest), the text
+    kept in `journal`, and what shifting has dropped so far."""
+
+    sinks: int
+    journal: Journal
+    discard: int | None = None
+    shifts: int = 0
+    shifted: int = 0
+    #: Tokens dropped since the last `take_shifted`.
+    _recent: int = field(default=0, repr=False)
+
+    def slide(self, ctx: Any, resident: Sequence[int], incoming: int, n_ctx: int) -> int:
+        """Shift sequence 0 of `ctx` (holding `resident`) so `incoming` more
+        tokens fit in `n_ctx`; tokens dropped (0: they fit already)."""
+        shift = plan(len(resident), incoming, n_ctx, self.sinks,
+                     self.discard or default_discard(n_ctx, self.sinks))
+        if shift is None:
+            return 0
+        shift_cache(ctx, shift)
+        self.shifts += 1
+        self.shifted += shift.count
+        self._recent += shift.count
+        return shift.count
+
+    def take_shifted(self) -> int:
+        """Tokens dropped since the last call."""
+        recent, self._recent = self._recent, 0
+        return recent
 
 
 class Stream:
@@ -139,15 +183,10 @@ class Stream:
         return chain
 
     def _make_room(self, incoming: int) -> None:
-        import llama_cpp
-
         shift = plan(len(self.window), incoming, self.n_ctx, self.sinks, self.discard)
         if shift is None:
             return
-        mem = lowlevel.memory(self._ctx)
-        llama_cpp.llama_memory_seq_rm(mem, 0, shift.start, shift.start + shift.count)
-        llama_cpp.llama_memory_seq_add(mem, 0, shift.start + shift.count, shift.end,
-                                       -shift.count)
+        shift_cache(self._ctx, shift)
         self.window = apply(self.window, shift)
         self.shifts += 1
 

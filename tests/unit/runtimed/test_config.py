@@ -22,7 +22,7 @@ def test_values_are_read(tmp_path: Path) -> None:
     assert (config.keep_alive, config.spill_ram) == (0.5, 0)
 
 
-@pytest.mark.parametrize("line", ['layout = "batch"', "keep_alive = -1", "spill_ram = -5",
+@pytest.mark.parametrize("line", ['layout = "batches"', "keep_alive = -1", "spill_ram = -5",
                                   "instances = -1"])
 def test_bad_values_are_refused(tmp_path: Path, line: str) -> None:
     (tmp_path / "runtimed.toml").write_text(f"[runtimed]\n{line}\n")

@@ -58,7 +58,7 @@ def test_threads_layout_lets_one_step_run_at_a_time() -> None:
         pass
 
 
-@pytest.mark.parametrize("layout, cpus, instances", [("batch", 2, 0), ("auto", -1, 0),
+@pytest.mark.parametrize("layout, cpus, instances", [("batches", 2, 0), ("auto", -1, 0),
                                                      ("instances", 2, -1)])
 def test_bad_layouts_are_refused(layout: str, cpus: int, instances: int) -> None:
     with pytest.raises(ValueError):
