@@ -1,8 +1,12 @@
 """The differential oracle against llama.cpp on real files: the tiny model
 in every stored type, over a sequence of its whole vocabulary, and the first
 tokens of SmolLM2; a deliberately wrong forward pass is caught; and the
-`runtimed verify` command's exit codes and messages."""
+`runtimed verify` command's exit codes and messages, on a file and on a
+model named in a running modeld (its descriptor over the real socket)."""
 
+import asyncio
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from syntrop.interfaces.model import Model1
 from syntrop.runtimed.oracle import forward
 from syntrop.runtimed.oracle.compare import format_report, verify
+from syntrop.varlink.client import connect
 from tests import tinymodel
 from tests.models import require_llama, smollm2
+from tests.support import activated
 
 require_llama()
 
@@ -67,9 +74,32 @@ def test_a_wrong_forward_pass_disagrees(tmp_path_factory: pytest.TempPathFactory
     assert report.max_relative > 5 * report.tolerance
 
 
-def runtimed(*args: str) -> subprocess.CompletedProcess[str]:
+def runtimed(*args: str, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "syntrop.runtimed", *args],
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=300, check=False, env=env)
+
+
+def test_verify_a_model_by_its_name_in_modeld(tmp_path_factory: pytest.TempPathFactory,
+                                              tmp_path: Path) -> None:
+    tiny = tinymodel.build(tmp_path_factory, "Q4_0")
+    digest = hashlib.sha256(tiny.read_bytes()).hexdigest()
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path / "run")}
+    with activated("modeld", tmp_path) as modeld:
+        async def register() -> None:
+            async with await connect(Model1, address=modeld.address,
+                                     timeout=60) as client:
+                await client.Register(name="tiny", path=str(tiny), sha256=digest)
+        asyncio.run(register())
+        done = runtimed("verify", "tiny", "--tokens", "8", env=env)
+        assert done.returncode == 0, done.stderr
+        assert f"tiny: modeld's sha256:{digest}" in done.stdout
+        assert done.stdout.splitlines()[-1] == "agree"
+        done = runtimed("verify", "missing", env=env)
+        assert done.returncode == 2 and "modeld has no model of that name" in done.stderr
+    done = runtimed("verify", "tiny", env=env)
+    assert done.returncode == 2 and "modeld cannot be reached" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_verify_command(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
