@@ -5,6 +5,7 @@ runtimed's memory flat; the sinks stay resident, the journal keeps the
 latest text within its bound, and a model whose cache cannot shift (M-RoPE)
 or a bad window is refused with a declared error."""
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ import pytest
 from asyncvarlink import VarlinkErrorReply
 
 from syntrop.interfaces.runtime import (
+    Constraint,
     InvalidSampling,
+    NoPrefix,
     Sampling,
     SessionConfig,
     ShiftUnsupported,
@@ -122,17 +125,31 @@ def test_sinks_stay_and_the_stream_goes_on_after_a_shift(node: Node) -> None:
                 async for reply in runtime.Decode(session_id=sid,
                                                   sampling=sampling(2 * N_CTX, seed=9)):
                     text += chunk_of(reply).text
+                # Part of the prefix is gone: a suffix cannot follow it.
+                with pytest.raises(VarlinkErrorReply) as raised:
+                    await runtime.PrefillSuffix(session_id=sid, text=" and more",
+                                                manifest=manifest(model="tiny"))
+                assert isinstance(raised.value, NoPrefix)
+                # A constrained Decode on a full window: shifted first, then
+                # decoded within what is left.
+                constrained = ""
+                async for reply in runtime.Decode(session_id=sid, sampling=sampling(8),
+                                                  constraint=Constraint(regex="[a-z]{4}")):
+                    constrained += chunk_of(reply).text
+                assert re.fullmatch("[a-z]{4}", constrained)
                 status = await runtime.EnsurePrefix(session_id=sid, text=PREFIX,
                                                     manifest=manifest(model="tiny"))
+                suffix = await runtime.PrefillSuffix(session_id=sid, text=" and more",
+                                                     manifest=manifest(model="tiny"))
             finally:
                 await runtime.Close(session_id=sid)
-            return text, dict(status)
+            return text, {**status, "suffix_tokens": suffix["suffix_tokens"]}
 
     first_text, status = node.run(run())
     second_text, _ = node.run(run())
     assert first_text == second_text and len(first_text) > 0
     assert status["reused_tokens"] == SINKS
-    assert status["prefix_tokens"] > SINKS
+    assert status["prefix_tokens"] > SINKS and status["suffix_tokens"] > 0
 
 
 def test_bad_windows_are_declared_errors(node: Node) -> None:

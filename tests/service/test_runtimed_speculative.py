@@ -51,11 +51,11 @@ def sampling(speculative: Speculative | None = None, *, temperature: float = 0.0
 
 
 def complete(node: Node, wire: Sampling, prompt: str = PROMPT,
-             constraint: Constraint | None = None) -> tuple[str, Any]:
+             constraint: Constraint | None = None, model: str = "tiny") -> tuple[str, Any]:
     async def main() -> tuple[str, Any]:
         text, last = "", None
         async with await node.runtimed() as runtime:
-            async for reply in runtime.Complete(model="tiny", prompt=prompt, sampling=wire,
+            async for reply in runtime.Complete(model=model, prompt=prompt, sampling=wire,
                                                 constraint=constraint):
                 last = chunk_of(reply)
                 text += last.text
@@ -80,6 +80,18 @@ def test_greedy_speculation_gives_the_plain_text(node: Node, spec: Speculative) 
     if spec.draft is not None:
         # The draft is the same network in Q8_0: it mostly agrees.
         assert last.accepted_tokens > last.drafted_tokens // 2
+
+
+def test_a_draft_context_serves_its_own_model_afterwards(node: Node) -> None:
+    """Drafting rewrites the draft model's context; when that context goes
+    back to the draft model's pool, its own requests must not reuse cells
+    they did not write (a prompt sharing a prefix would read the target's
+    context instead)."""
+    other = PROMPT + " and the sun"
+    before, _ = complete(node, sampling(), prompt=other, model="tiny-q8")
+    complete(node, sampling(DRAFT), prompt=PROMPT)
+    after, _ = complete(node, sampling(), prompt=other, model="tiny-q8")
+    assert after == before and before
 
 
 def test_stop_strings_end_a_speculative_stream_as_a_plain_one(node: Node) -> None:
@@ -153,3 +165,5 @@ def test_bad_speculation_is_refused_before_any_token(node: Node, wire: Sampling,
             return await runtime.GetLoad()
     status = node.run(load())
     assert status["free_slots"] == status["total_slots"]
+    # Neither the target nor a draft is still held by the refused request.
+    assert all(model.busy == 0 for model in status["models"]), status["models"]

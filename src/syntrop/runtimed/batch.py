@@ -346,6 +346,12 @@ class Batcher:
             self._lock.notify()
         return request
 
+    @property
+    def alive(self) -> bool:
+        """Whether the batcher takes requests (not closed, its driver not dead)."""
+        with self._lock:
+            return not self._closing
+
     def start(self) -> None:
         """Step in a background thread from now on: while there is work,
         asleep otherwise (`submit` wakes it)."""
@@ -503,7 +509,8 @@ class Batcher:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            # Also when the driver thread ends unexpectedly: refuse new work.
+            self._closed = self._closing = True
             queued, self._queue = self._queue, []
         for request in queued + list(self._running):
             self._finish(request, "cancelled")

@@ -357,12 +357,15 @@ class Engine:
                   window: "Window | None" = None) -> str:
         llama = self._llama
         # The processors (constraint, reasoning) count the context's tokens
-        # from the first call on: a shift would confuse them.
+        # from their first call on: they allow a shift before it, not after.
         sliding = window is not None and logits_processor is None
-        if sliding and len(tokens) >= self.n_ctx:
-            assert window is not None
-            self.shift(window, 1)
-            tokens = self.resident()
+        if window is not None:
+            # Room first: one token to slide on from, or the whole answer
+            # (as far as the window holds it) when it cannot slide later.
+            need = 1 if sliding else min(params.max_tokens + 1, self.n_ctx - window.sinks - 1)
+            if len(tokens) + need > self.n_ctx:
+                self.shift(window, need)
+                tokens = self.resident()
         self.check_fits(len(tokens))
         budget = params.max_tokens if sliding else min(params.max_tokens,
                                                        self.n_ctx - len(tokens))
@@ -450,7 +453,10 @@ class Engine:
 
         speculator = Speculator(self._llama, drafter, draft_max=draft_max)
         try:
-            with pace.running(), pace.turn():
+            # Counted as running, threads set once; it takes no turns (the
+            # `threads` layout's gate), which would hold every other stream
+            # for the whole generation.
+            with pace.running():
                 self.use_threads(pace.threads(self.max_threads))
                 result = speculator.generate(tokens, budget, sampler=sampler,
                                              on_tokens=on_tokens, stop=stop)

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from asyncvarlink import AnnotatedResult
+from asyncvarlink import AnnotatedResult, VarlinkErrorReply
 
 from syntrop.config import Paths
 from syntrop.interfaces import model as model_contract
@@ -522,6 +522,8 @@ class RuntimeService(Runtime1):
 
                     if isinstance(item, ConstraintError):
                         raise InvalidConstraint(reason=item.reason, message=item.message[:512])
+                if isinstance(item, VarlinkErrorReply):
+                    raise item
                 if isinstance(item, BaseException):
                     logger.error("generation failed", exc_info=item)
                     raise RuntimeError("generation failed")
@@ -561,8 +563,7 @@ class RuntimeService(Runtime1):
             if self.config.layout == "batch" and speculative is None:
                 batcher, engine = await self._batcher(resident, options)
                 reasoning = self._reasoning(engine, params)
-                work = self._batched(batcher, engine, options.n_ctx, prompt, params,
-                                     compiled, reasoning)
+                work = self._batched(batcher, engine, prompt, params, compiled, reasoning)
             else:
                 engine = await self._take(resident, options)
                 held.callback(resident.give, options, engine)
@@ -593,6 +594,8 @@ class RuntimeService(Runtime1):
         def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
                 think: Think) -> str:
             tokens, stops = prompt(engine)
+            if not tokens:
+                raise InvalidParameter(parameter="prompt")
             if speculative is not None:
                 reason, work.drafted, work.accepted = engine.speculate(
                     tokens, params, stop, emit, drafter=drafter,
@@ -607,7 +610,7 @@ class RuntimeService(Runtime1):
         work.run = run
         return work
 
-    def _batched(self, batcher: "Batcher", engine: Engine, n_ctx: int,
+    def _batched(self, batcher: "Batcher", engine: Engine,
                  prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]], params: Params,
                  compiled: "constrain.Constraint | None",
                  reasoning: "Reasoning | None") -> "Work":
@@ -618,8 +621,10 @@ class RuntimeService(Runtime1):
         def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
                 think: Think) -> str:
             tokens, stops = prompt(engine)
-            if len(tokens) >= n_ctx:
-                raise Overflow(len(tokens), n_ctx)
+            if not tokens:
+                raise InvalidParameter(parameter="prompt")
+            if len(tokens) >= batcher.n_ctx_seq:
+                raise Overflow(len(tokens), batcher.n_ctx_seq)
             output = Output(engine.llama, emit, params.stop + stops, reasoning, think)
             processors = [*(self._processor(engine, compiled) or ()),
                           *([reasoning] if reasoning is not None else [])]
@@ -630,7 +635,7 @@ class RuntimeService(Runtime1):
                 return output.token(token)
 
             request = batcher.submit(
-                tokens, min(params.max_tokens, n_ctx - len(tokens)),
+                tokens, min(params.max_tokens, batcher.n_ctx_seq - len(tokens)),
                 temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                 min_p=params.min_p, seed=params.seed, processors=processors,
                 on_token=on_token)
@@ -650,8 +655,12 @@ class RuntimeService(Runtime1):
         sequences of the configured window, and a small context of the same
         model that tokenizes for it."""
         async with self._loading:
+            if resident.batcher is not None and not resident.batcher.alive:
+                logger.error("the shared batch of %s stopped; making a new one", resident.name)
+                await asyncio.to_thread(resident.batcher.close)
+                resident.batcher = None
             if resident.batcher is None:
-                from syntrop.runtimed.batch import Batcher
+                from syntrop.runtimed.batch import Batcher, DecodeError
 
                 def make() -> tuple[Batcher, Engine]:
                     engine = Engine.load(resident.fd, Options(n_ctx=64, n_batch=64,
@@ -667,7 +676,15 @@ class RuntimeService(Runtime1):
                     batcher.start()
                     return batcher, engine
 
-                resident.batcher, resident.batch_engine = await asyncio.to_thread(make)
+                if resident.batch_engine is not None:
+                    await asyncio.to_thread(resident.batch_engine.close)
+                    resident.batch_engine = None
+                try:
+                    resident.batcher, resident.batch_engine = await asyncio.to_thread(make)
+                except (LoadError, DecodeError, ValueError) as error:
+                    raise InvalidModel(model=resident.name, reason="cannot make its shared "
+                                       f"batch ({self.config.slots} x {options.n_ctx} "
+                                       f"tokens): {error}") from None
         assert resident.batch_engine is not None
         return resident.batcher, resident.batch_engine
 
@@ -701,7 +718,10 @@ class RuntimeService(Runtime1):
             return sp.PromptLookup()
         draft = await self._resident(spec.draft)
         held.callback(draft.release)
-        draft_engine = await self._take(draft, options)
+        try:
+            draft_engine = await self._take(draft, options)
+        except LoadError as error:
+            raise InvalidModel(model=spec.draft, reason=error.reason) from None
         held.callback(draft.give, options, draft_engine)
 
         def check() -> Any:
@@ -713,9 +733,11 @@ class RuntimeService(Runtime1):
             return sp.DraftModel(engine.llama, draft_engine.llama, checked=True)
 
         try:
-            return await asyncio.to_thread(check)
+            drafter = await asyncio.to_thread(check)
         except sp.VocabularyMismatch as error:
             raise VocabularyMismatch(draft=spec.draft, reason=error.reason) from None
+        held.callback(drafter.close)  # before its context goes back to the pool
+        return drafter
 
     @implements
     async def Complete(
@@ -907,6 +929,8 @@ class RuntimeService(Runtime1):
             self._rest(session)
         session.manifest, session.manifest_digest = key, digest
         session.stable_byte_hash = sessions_mod.sha256_hex(text.encode())
+        if session.engine.window is not None:
+            session.engine.window.prefix_cut = False
         return {
             "reused_tokens": plan.reused,
             "prefilled_tokens": len(plan.prefill),
@@ -924,7 +948,9 @@ class RuntimeService(Runtime1):
         self, *, session_id: str, text: str, manifest: ContextManifest
     ) -> SuffixStatus:
         session = self._session(session_id)
-        if session.manifest_digest is None:
+        window = session.engine.window
+        if session.manifest_digest is None or (window is not None and window.prefix_cut):
+            # No prefix yet, or a shift dropped part of it: EnsurePrefix first.
             raise NoPrefix(session_id=session_id)
         if sessions_mod.manifest_digest(asdict(manifest)) != session.manifest_digest:
             raise InvalidParameter(parameter="manifest")
@@ -994,25 +1020,31 @@ class RuntimeService(Runtime1):
                 def emit(text: str, tokens: int, emit: Emit = emit) -> None:
                     window.journal.append(text)
                     emit(text, tokens)
-            with engine.lock:
-                if speculative is not None:
-                    reason, work.drafted, work.accepted = engine.speculate(
-                        engine.resident(), params, stop, emit, drafter=drafter,
-                        draft_max=speculative.draft_max or DRAFT_MAX, pace=self.pace,
-                        first=first)
-                    return reason
-                try:
+            try:
+                with engine.lock:
+                    if speculative is not None:
+                        if window is not None and len(engine.resident()) >= engine.n_ctx:
+                            engine.shift(window, 1)  # room to go on; drafts fit the rest
+                        reason, work.drafted, work.accepted = engine.speculate(
+                            engine.resident(), params, stop, emit, drafter=drafter,
+                            draft_max=speculative.draft_max or DRAFT_MAX, pace=self.pace,
+                            first=first)
+                        return reason
                     return engine.generate(
                         engine.resident(), params, stop, emit, pace=self.pace, first=first,
                         logits_processor=self._processor(engine, compiled),
                         reasoning=reasoning, think=think, window=window)
-                finally:
-                    if window is not None:
-                        work.shifted = window.take_shifted()
-                        if work.shifted:
-                            # Only the sinks of the prefix are still resident.
-                            session.prefix_tokens = min(session.prefix_tokens, window.sinks)
+            finally:
+                if window is not None:
+                    work.shifted = window.take_shifted()
 
+        def after() -> None:  # on the loop, once the worker has ended
+            if window is not None and work.shifted and session.prefix_tokens > window.sinks:
+                # Only the sinks of the prefix are still resident.
+                session.prefix_tokens = window.sinks
+                window.prefix_cut = True
+
+        held.callback(after)
         work.run = run
         async for reply in self._stream(work.run, held.close, received, work.final):
             yield reply

@@ -119,6 +119,9 @@ class Window:
     discard: int | None = None
     shifts: int = 0
     shifted: int = 0
+    #: A shift dropped part of the session's prefix (only its first `sinks`
+    #: tokens are left) since the last EnsurePrefix.
+    prefix_cut: bool = False
     #: Tokens dropped since the last `take_shifted`.
     _recent: int = field(default=0, repr=False)
 

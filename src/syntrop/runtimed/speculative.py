@@ -324,7 +324,13 @@ class DraftModel:
         return out
 
     def close(self) -> None:
+        """Free the batch and leave the draft's context empty, its `Llama`
+        told so: whoever uses that context next (its model's own requests)
+        must not reuse cells drafting rewrote behind its back."""
         self._batch.close()
+        lowlevel.truncate(self._ctx, 0, 0)
+        lowlevel.sync(self._llama, [])
+        self._resident = []
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from syntrop.config import Paths
 from syntrop.runtimed.config import Config
 from syntrop.runtimed.engine import Emit, Think
 from syntrop.runtimed.service import RuntimeService
+from syntrop.varlink import InvalidParameter
 
 PIECES = 2000
 
@@ -40,3 +41,27 @@ def test_queued_pieces_leave_together(tmp_path: Path) -> None:
     assert len(answer) < PIECES
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None
                                                         for c in chunks[:-1])
+
+
+def test_an_error_after_queued_pieces_still_ends_the_stream(tmp_path: Path) -> None:
+    """Pieces ahead of an error go out (merged), then the declared error."""
+    service = RuntimeService(Paths(runtime=tmp_path, state=tmp_path, cache=tmp_path,
+                                   configuration=tmp_path), Config())
+
+    def work(stop: threading.Event, emit: Emit, first: Any, think: Think) -> str:
+        for i in range(PIECES):
+            emit(f"{i},", 1)
+        raise InvalidParameter(parameter="prompt")
+
+    async def main() -> tuple[str, BaseException | None]:
+        text = ""
+        try:
+            async for reply in service._stream(work, lambda: None, time.monotonic()):
+                text += reply.parameters["chunk"].text
+        except InvalidParameter as error:
+            return text, error
+        return text, None
+
+    text, error = asyncio.run(main())
+    assert text == "".join(f"{i}," for i in range(PIECES))
+    assert isinstance(error, InvalidParameter) and error.parameters["parameter"] == "prompt"
