@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -517,6 +518,58 @@ def test_idle_model_is_unloaded_after_keep_alive(tmp_path: Path) -> None:
             await modeld.Remove(name="smollm2")
 
     with started(tmp_path / "node", "[runtimed]\nkeep_alive = 1\n") as node:
+        node.run(main(node))
+
+
+def test_unload_on_request_and_under_memory_pressure(tmp_path: Path) -> None:
+    """Unload closes idle models at once (syn unload too) and keeps what a
+    session uses; with the memory pressure file over `unload_pressure`,
+    runtimed unloads an idle model long before its keep-alive."""
+    pressure = tmp_path / "memory.pressure"
+    calm = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    pressure.write_text(calm + "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path / "node" / "run")}
+
+    def syn(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "syntrop.cli.syn", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            await collect(runtime.Complete(model="smollm2", prompt="1, 2,", sampling=greedy(2)))
+            assert await runtime.Unload(model="other") == {
+                "unloaded": [], "in_use": [], "freed_bytes": 0}
+            opened = await runtime.OpenSession(owner_instance_id="u", model="smollm2",
+                                               config=None)
+            kept = await runtime.Unload()
+            assert kept["unloaded"] == [] and kept["in_use"] == ["smollm2"]
+            assert (await runtime.GetLoad())["loaded_models"] == ["smollm2"]
+            await runtime.Close(session_id=opened["session_id"])
+            done = await runtime.Unload(model="smollm2")
+            assert done["unloaded"] == ["smollm2"] and done["freed_bytes"] > 0
+            load = await runtime.GetLoad()
+            assert load["loaded_models"] == [] and load["resident_bytes"] == 0
+            with pytest.raises(VarlinkErrorReply) as raised:
+                await runtime.Unload(model="")
+            assert raised.value.parameters["parameter"] == "model"
+            # Loaded again; the CLI unloads it.
+            await collect(runtime.Complete(model="smollm2", prompt="1, 2,", sampling=greedy(2)))
+        unload = await asyncio.to_thread(syn, "unload")
+        assert unload.returncode == 0 and unload.stdout == "unloaded smollm2\n", unload.stderr
+        async with await node.runtimed() as runtime:
+            await collect(runtime.Complete(model="smollm2", prompt="1, 2,", sampling=greedy(2)))
+            assert (await runtime.GetLoad())["loaded_models"] == ["smollm2"]
+            # Memory pressure: unloaded at the next sweep (every 5 s), not after 60 s.
+            pressure.write_text("some avg10=80.00 avg60=40.00 avg300=10.00 total=123\n"
+                                "full avg10=20.00 avg60=5.00 avg300=1.00 total=45\n")
+            started_at = time.monotonic()
+            while (await runtime.GetLoad())["loaded_models"]:
+                assert time.monotonic() - started_at < 15, "not unloaded under pressure"
+                await asyncio.sleep(0.1)
+
+    config = (f"[runtimed]\nkeep_alive = 60\nunload_pressure = 50\n"
+              f'pressure_file = "{pressure}"\n')
+    with started(tmp_path / "node", config) as node:
         node.run(main(node))
 
 

@@ -1,8 +1,10 @@
-"""`syn run MODEL [PROMPT]` and `syn ps`: runtimed from the terminal.
+"""`syn run MODEL [PROMPT]`, `syn ps` and `syn unload`: runtimed from the
+terminal.
 
 `syn run` streams the answer as it comes: one-shot when a prompt is given,
 otherwise a chat that keeps the conversation until /bye or end of input.
 `syn ps` shows what runtimed holds (GetLoad): models, slots, keep-alive left.
+`syn unload [MODEL]` unloads idle models now (Unload).
 """
 
 import argparse
@@ -110,12 +112,28 @@ async def _ps(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _unload(args: argparse.Namespace) -> int:
+    async with await _connect() as client:
+        result = await client.Unload(model=args.model)
+    for name in result["unloaded"]:
+        print(f"unloaded {name}")
+    for name in result["in_use"]:
+        print(f"kept {name}: in use", file=sys.stderr)
+    if args.model is not None and not result["unloaded"] and not result["in_use"]:
+        print(f"{args.model} is not loaded", file=sys.stderr)
+    return 1 if result["in_use"] else 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     return _guard(_run(args))
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
     return _guard(_ps(args))
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    return _guard(_unload(args))
 
 
 def _reported(func: Any) -> Any:
@@ -130,7 +148,7 @@ def _reported(func: Any) -> Any:
 
 
 def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Add `run` and `ps` to syn's subcommands."""
+    """Add `run`, `ps` and `unload` to syn's subcommands."""
     run = commands.add_parser("run", help="chat with a model (one-shot with a prompt)")
     run.add_argument("model", metavar="MODEL")
     run.add_argument("prompt", nargs="*", metavar="PROMPT")
@@ -141,3 +159,6 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     ps = commands.add_parser("ps", help="loaded models and slots in runtimed")
     ps.add_argument("--json", action="store_true", help="machine-readable output")
     ps.set_defaults(func=_reported(cmd_ps))
+    unload = commands.add_parser("unload", help="unload idle models from runtimed now")
+    unload.add_argument("model", nargs="?", metavar="MODEL", help="one model (default: all idle)")
+    unload.set_defaults(func=_reported(cmd_unload))

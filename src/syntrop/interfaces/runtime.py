@@ -287,6 +287,12 @@ class EmbedResult(TypedDict):
     dimensions: int
 
 
+class UnloadResult(TypedDict):
+    unloaded: list[str]
+    in_use: list[str]
+    freed_bytes: int
+
+
 class LoadResult(TypedDict):
     free_slots: int
     total_slots: int
@@ -633,6 +639,22 @@ class Runtime1(Interface, name=NAME):
 
         Parameters:
             session_id: The session.
+        """
+
+    @method
+    def Unload(self, *, model: str | None = None) -> UnloadResult:
+        """Unload resident models that nothing uses now (no stream, embedding
+        or open session), closing their contexts and modeld's descriptors;
+        the next request loads them again. runtimed does the same by itself
+        when a model outlives its keep-alive, or under memory pressure.
+
+        Parameters:
+            model: The model; null for every idle one.
+
+        Returns:
+            unloaded: Models unloaded now.
+            in_use: Models kept because something uses them.
+            freed_bytes: Bytes of weights no longer resident.
         """
 
     @method

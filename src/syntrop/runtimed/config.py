@@ -11,6 +11,9 @@
     keep_alive = 300   # seconds an idle model stays resident
     spill_ram = 268435456  # bytes of spilled session state kept in memory;
                            # more goes to files under $STATE_DIRECTORY
+    unload_pressure = 25.0 # memory PSI (some, avg10, percent) above which
+                           # idle models are unloaded at once; 0: never
+    pressure_file = "/proc/pressure/memory"  # or a cgroup's memory.pressure
 """
 
 import tomllib
@@ -33,12 +36,16 @@ class Config:
     instances: int = 0
     keep_alive: float = 300.0
     spill_ram: int = 256 << 20
+    unload_pressure: float = 25.0
+    pressure_file: str = "/proc/pressure/memory"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"{FILE}: layout is one of {', '.join(LAYOUTS)}")
         if self.keep_alive < 0 or any(getattr(self, k) < 0 for k in INTEGERS):
             raise ValueError(f"{FILE}: negative value")
+        if not 0 <= self.unload_pressure <= 100:
+            raise ValueError(f"{FILE}: unload_pressure is a percentage, 0 to 100")
 
 
 def load(directory: Path) -> Config:
@@ -53,4 +60,8 @@ def load(directory: Path) -> Config:
         values["layout"] = str(section["layout"])
     if "keep_alive" in section:
         values["keep_alive"] = float(section["keep_alive"])
+    if "unload_pressure" in section:
+        values["unload_pressure"] = float(section["unload_pressure"])
+    if "pressure_file" in section:
+        values["pressure_file"] = str(section["pressure_file"])
     return Config(**values)  # type: ignore[arg-type]

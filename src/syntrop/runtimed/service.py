@@ -73,6 +73,7 @@ from syntrop.interfaces.runtime import (
     Speculative,
     StaleOwner,
     SuffixStatus,
+    UnloadResult,
     VocabularyMismatch,
     WeightsMismatch,
 )
@@ -257,20 +258,60 @@ class RuntimeService(Runtime1):
         return max(0.0, self.config.keep_alive - idle)
 
     async def _keep_alive(self) -> None:
-        """Unload models idle past the keep-alive, until none is resident."""
+        """Unload models idle past the keep-alive, or idle at all while memory
+        is under pressure, until none is resident."""
         period = max(0.05, min(self.config.keep_alive / 4, 5.0))
         while self.models:
             await asyncio.sleep(period)
+            pressed = self._memory_pressed()
             async with self._loading:
                 now = time.monotonic()
-                expired = [name for name, resident in self.models.items()
-                           if self._keep_alive_left(name, resident, now) == 0.0]
-                for name in expired:
-                    # Closed before it leaves GetLoad: once it is gone there,
-                    # modeld no longer counts it in use.
-                    await asyncio.to_thread(self.models[name].close)
-                    del self.models[name]
-                    logger.info("unloaded %s: idle for its keep-alive", name)
+                lefts = {name: self._keep_alive_left(name, resident, now)
+                         for name, resident in self.models.items()}
+                expired = [name for name, left in lefts.items()
+                           if left == 0.0 or (pressed and left is not None)]
+                await self._unload(expired, "under memory pressure" if pressed
+                                   else "idle for its keep-alive")
+
+    def _memory_pressed(self) -> bool:
+        """Whether memory PSI (some, avg10) is over `unload_pressure`."""
+        if not self.config.unload_pressure:
+            return False
+        from syntrop.system import psi
+
+        try:
+            with open(self.config.pressure_file) as source:
+                stalled = psi.parse(source.read()).some.avg10
+        except (OSError, psi.PsiFormatError):
+            return False
+        return stalled > self.config.unload_pressure
+
+    async def _unload(self, names: list[str], why: str) -> int:
+        """Close `names` (resident, idle: the caller checked under
+        `_loading`); bytes freed."""
+        freed = 0
+        for name in names:
+            # Closed before it leaves GetLoad: once it is gone there, modeld
+            # no longer counts it in use.
+            resident = self.models[name]
+            await asyncio.to_thread(resident.close)
+            del self.models[name]
+            freed += resident.size
+            logger.info("unloaded %s: %s", name, why)
+        return freed
+
+    @implements
+    async def Unload(self, *, model: str | None = None) -> UnloadResult:
+        if model is not None and (not model or len(model) > MAX_NAME or "\0" in model):
+            raise InvalidParameter(parameter="model")
+        async with self._loading:
+            now = time.monotonic()
+            names = [n for n in self.models if model is None or n == model]
+            idle = [n for n in names
+                    if self._keep_alive_left(n, self.models[n], now) is not None]
+            freed = await self._unload(idle, "asked to")
+        return {"unloaded": idle, "in_use": [n for n in names if n not in idle],
+                "freed_bytes": freed}
 
     def _options(self, config: SessionConfig | None = None, *, embedding: bool = False) -> Options:
         c = config or SessionConfig(n_ctx=None, n_batch=None, n_threads=None, n_gpu_layers=None,
