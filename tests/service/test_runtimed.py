@@ -524,7 +524,8 @@ def test_idle_model_is_unloaded_after_keep_alive(tmp_path: Path) -> None:
 def test_unload_on_request_and_under_memory_pressure(tmp_path: Path) -> None:
     """Unload closes idle models at once (syn unload too) and keeps what a
     session uses; with the memory pressure file over `unload_pressure`,
-    runtimed unloads an idle model long before its keep-alive."""
+    runtimed sheds: idle sessions spilled to files (slots freed, warm when
+    used again) and idle models unloaded long before their keep-alive."""
     pressure = tmp_path / "memory.pressure"
     calm = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     pressure.write_text(calm + "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
@@ -558,10 +559,33 @@ def test_unload_on_request_and_under_memory_pressure(tmp_path: Path) -> None:
         assert unload.returncode == 0 and unload.stdout == "unloaded smollm2\n", unload.stderr
         async with await node.runtimed() as runtime:
             await collect(runtime.Complete(model="smollm2", prompt="1, 2,", sampling=greedy(2)))
-            assert (await runtime.GetLoad())["loaded_models"] == ["smollm2"]
-            # Memory pressure: unloaded at the next sweep (every 5 s), not after 60 s.
+            opened = await runtime.OpenSession(owner_instance_id="u", model="smollm2",
+                                               config=None)
+            sid = opened["session_id"]
+            await runtime.EnsurePrefix(session_id=sid, text="one two three four five",
+                                       manifest=manifest())
+            load = await runtime.GetLoad()
+            assert load["free_slots"] == load["total_slots"] - 1
+            assert load["spilled_sessions"] == 0
+            # Memory pressure: at the next sweep (every 5 s) the idle session
+            # is spilled to a file and its slot freed; the model stays while
+            # the session is open, then goes too, long before its 60 s.
             pressure.write_text("some avg10=80.00 avg60=40.00 avg300=10.00 total=123\n"
                                 "full avg10=20.00 avg60=5.00 avg300=1.00 total=45\n")
+            started_at = time.monotonic()
+            while True:  # spilled, then its context closed and its slot freed
+                load = await runtime.GetLoad()
+                if load["spilled_sessions"] and load["free_slots"] == load["total_slots"]:
+                    break
+                assert time.monotonic() - started_at < 15, "session not spilled under pressure"
+                await asyncio.sleep(0.1)
+            assert load["loaded_models"] == ["smollm2"]
+            assert list((tmp_path / "node").rglob("spill/*.kv")), "state not moved to disk"
+            # It comes back warm.
+            status = await runtime.EnsurePrefix(session_id=sid, text="one two three four five",
+                                                manifest=manifest())
+            assert status["prefilled_tokens"] == 0 and status["reused_tokens"] > 0
+            await runtime.Close(session_id=sid)
             started_at = time.monotonic()
             while (await runtime.GetLoad())["loaded_models"]:
                 assert time.monotonic() - started_at < 15, "not unloaded under pressure"

@@ -97,6 +97,15 @@ class Resident:
         with self.lock:
             self.idle.setdefault(options, []).append(engine)
 
+    def trim(self) -> int:
+        """Close the idle contexts kept for later requests; how many."""
+        with self.lock:
+            pools, self.idle = self.idle, {}
+        engines = [engine for pool in pools.values() for engine in pool]
+        for engine in engines:
+            engine.close()
+        return len(engines)
+
     def close(self) -> None:
         if self.batcher is not None:
             self.batcher.close()

@@ -272,6 +272,24 @@ class RuntimeService(Runtime1):
                            if left == 0.0 or (pressed and left is not None)]
                 await self._unload(expired, "under memory pressure" if pressed
                                    else "idle for its keep-alive")
+            if pressed:
+                try:
+                    await self._shed()
+                except (EngineError, OSError) as error:
+                    logger.warning("shedding under memory pressure failed: %s", error)
+
+    async def _shed(self) -> None:
+        """Under memory pressure, beyond unloading idle models: close the
+        contexts kept for later requests, spill every idle session (its
+        context freed) and move spilled state from memory to files."""
+        closed = sum([await asyncio.to_thread(m.trim) for m in list(self.models.values())])
+        spilled = 0
+        while await self._spill_one(None):
+            spilled += 1
+        moved = await asyncio.to_thread(self.spill.flush)
+        if closed or spilled or moved:
+            logger.info("memory pressure: closed %d idle contexts, spilled %d sessions, "
+                        "moved %d bytes of session state to disk", closed, spilled, moved)
 
     def _memory_pressed(self) -> bool:
         """Whether memory PSI (some, avg10) is over `unload_pressure`."""
@@ -360,7 +378,8 @@ class RuntimeService(Runtime1):
         seat = session.engine
         async with seat.lock:
             engine = seat.engine
-            assert engine is not None
+            if engine is None:  # spilled by another caller meanwhile
+                return True
             try:
                 saved = await asyncio.to_thread(engine.save)
                 await asyncio.to_thread(self.spill.put, session.session_id, saved)

@@ -45,6 +45,18 @@ class SpillStore:
             if self.ram_bytes + len(saved.data) <= self.ram_budget:
                 self._ram[key] = saved
                 return
+        self._write(key, saved)
+
+    def flush(self) -> int:
+        """Move every state held in memory to its file (memory pressure);
+        the bytes moved."""
+        with self._lock:
+            held, self._ram = self._ram, {}
+        for key, saved in held.items():
+            self._write(key, saved)
+        return sum(len(saved.data) for saved in held.values())
+
+    def _write(self, key: str, saved: Saved) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.directory / f"{key}.kv"
         tokens = _little(array("i", saved.tokens))

@@ -44,3 +44,19 @@ def test_files_of_an_earlier_process_are_removed(tmp_path: Path) -> None:
     store = SpillStore(tmp_path / "spill", ram_budget=0)
     assert len(store) == 0
     assert [p.name for p in (tmp_path / "spill").iterdir()] == ["notes.txt"]
+
+
+def test_flush_moves_memory_to_files(tmp_path: Path) -> None:
+    """Memory pressure: every state held in memory goes to its file, and
+    comes back the same."""
+    store = SpillStore(tmp_path / "spill", ram_budget=1 << 20)
+    states = {key: Saved(tokens=[i, i + 1], data=bytes([i]) * 100)
+              for i, key in enumerate(("a", "b"))}
+    for key, saved in states.items():
+        store.put(key, saved)
+    assert store.ram_bytes == 200 and store.on_disk("a") is None
+    assert store.flush() == 200
+    assert store.ram_bytes == 0 and len(store) == 2
+    assert all(store.on_disk(key) for key in states)
+    assert store.flush() == 0
+    assert {key: store.take(key) for key in states} == states
