@@ -104,6 +104,8 @@ def failure_journal(start: int) -> tuple[list[dict[str, Any]], int]:
                           "task_memcg=/system.slice/db.service,task=db,pid=999,uid=0"))
     entries.append(kernel(failure + 3000, "[drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring gfx "
                                           "timeout"))
+    entries.append(kernel(failure + 4000, "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) "
+                                          "error received: 0000:01:00.0"))
     for i in range(50):
         entries.append(other(failure + 5000 + i * 1000, f"other after {i}"))
     entries.append(web(failure + 100 * S, "web: much later, another run"))
@@ -160,7 +162,8 @@ def test_failure_context_from_a_real_journal_file(tmp_path: Path) -> None:
         kinds = [(e["kind"], e["action"]) for e in ranked]
         assert kinds.index(("kernel", "segfault")) < kinds.index(("kernel", "oom"))
         assert all(e["relevance"] < ranked[0]["relevance"] for e in ranked[1:])
-        assert max(e["relevance"] for e in ranked if e["action"] in ("oom", "gpu")) < 0.2
+        assert max(e["relevance"] for e in ranked
+                   if e["action"] in ("oom", "gpu", "pcie")) < 0.2
 
         # The same failure asked for exactly: by invocation, by time.
         by_invocation = call(daemon, "GetUnitContext", unit="web.service",
@@ -177,7 +180,9 @@ def test_failure_context_from_a_real_journal_file(tmp_path: Path) -> None:
         assert db[0]["action"] == "oom" and db[0]["unit"] == "db.service"
         assert all(e["relevance"] < db[0]["relevance"] for e in db[1:])
         kernel_events = events(daemon, kind="kernel")
-        assert {e["action"] for e in kernel_events} == {"segfault", "oom", "gpu"}
+        assert {e["action"] for e in kernel_events} == {"segfault", "oom", "gpu", "pcie"}
+        pcie = next(e for e in kernel_events if e["action"] == "pcie")
+        assert "0000:01:00.0" in pcie["summary"]
         oom = next(e for e in kernel_events if e["action"] == "oom")
         assert oom["unit"] == "db.service" and oom["pid"] == 999
 

@@ -3,7 +3,11 @@ a classification (or None) out.
 
 Classes: oom (the OOM killer, global or in a memory cgroup), segfault (and
 general protection faults, invalid opcodes), gpu (DRM errors, GPU hangs and
-resets, NVIDIA Xid), hung_task, io_error (block and filesystem errors).
+resets, NVIDIA Xid), pcie (PCIe Advanced Error Reporting: uncorrected and
+corrected errors a port or device reports, "PCIe Bus Error" lines),
+hung_task, io_error (block and filesystem errors). A pcie summary keeps the
+message whole: the PCI addresses in it are what systemd-sentry's gang
+triage ties the fault to a plane by.
 The unit is read from the OOM report's task_memcg= (…/foo.service) when
 present; the pid and process name when the message has them.
 """
@@ -33,6 +37,9 @@ _GPU = re.compile(
     r"(\[drm(?::[^\]]*)?\] \*ERROR\*|GPU (?:hang|HANG|reset|fault)|ring \S+ timeout|"
     r"amdgpu.*(?:timeout|fault|reset)|i915.*(?:GPU HANG|reset)|nouveau.*(?:fault|error)|"
     r"fallen off the bus)")
+_PCIE = re.compile(
+    r"AER: (?:Multiple )?(Uncorrected|Corrected)[^:]*error received|"
+    r"PCIe Bus Error: severity=(\w+)")
 _IO = re.compile(
     r"(I/O error, dev (\S+)|blk_update_request: (?:I/O|critical \w+) error|"
     r"(EXT4|XFS|BTRFS|F2FS)[-\w]* ?(?:\(\S+\))?:? .*?error|Buffer I/O error on dev)")
@@ -80,6 +87,10 @@ def classify(message: str) -> KernelEvent | None:
         pid = int(pid_match.group(1)) if pid_match else None
         return KernelEvent(action="gpu", pid=pid,
                            summary=_cap(f"kernel: NVIDIA Xid {code} on {device}: {text}"))
+    if match := _PCIE.search(text):
+        severity = (match.group(1) or match.group(2)).lower()
+        return KernelEvent(action="pcie",
+                           summary=_cap(f"kernel: PCIe {severity} error: {text}", 300))
     if _GPU.search(text):
         return KernelEvent(action="gpu", summary=_cap(f"kernel: GPU error: {text}"))
     if _IO.search(text):

@@ -25,7 +25,7 @@ class Event:
             its EnvironmentFile=), package or kernel.
         action: What happened: created, modified, deleted or mode for files;
             install, upgrade, downgrade, reinstall, remove, purge, conffile or
-            transaction for packages; oom, segfault, gpu, hung_task or io_error
+            transaction for packages; oom, segfault, gpu, pcie, hung_task or io_error
             for the kernel.
         summary: One line suitable for an LLM prompt.
         unit: The unit it concerns, when known (a template such as foo@.service

@@ -44,3 +44,22 @@ def test_classes(message: str, action: str, pid: int | None, comm: str | None) -
     "EXT4-fs (sda1): mounted filesystem with ordered data mode", "x" * 10000])
 def test_ordinary_messages_are_not_events(message: str) -> None:
     assert classify(message) is None
+
+
+@pytest.mark.parametrize(("message", "severity"), [
+    ("pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0",
+     "uncorrected"),
+    ("pcieport 0000:00:1c.0: AER: Multiple Uncorrected (Non-Fatal) error received: "
+     "0000:00:1c.0", "uncorrected"),
+    ("pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0", "corrected"),
+    ("nvidia 0000:01:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), "
+     "type=Transaction Layer, (Requester ID)", "uncorrected"),
+    ("pcieport 0000:00:1d.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+     "(Receiver ID)", "corrected"),
+])
+def test_pcie_errors_keep_the_whole_message(message: str, severity: str) -> None:
+    event = classify(message)
+    assert event is not None and event.action == "pcie"
+    # The PCI addresses stay in the summary: gang triage reads them there.
+    assert event.summary == f"kernel: PCIe {severity} error: {message}"
+    assert len(event.summary) <= 300

@@ -120,3 +120,20 @@ def test_a_fault_naming_no_known_plane_quarantines_nothing() -> None:
 def test_no_faults_says_so() -> None:
     assert gang.judge([], PLANES).summary() == \
         "no GPU, interconnect or VRAM fault in the context"
+
+
+def test_contextd_pcie_events_reach_gang_triage() -> None:
+    """contextd records AER lines as kernel events of class pcie; their
+    summaries are what sentry reads, and they place the fault as the raw
+    line does (corrected errors are still no fault)."""
+    from syntrop.contextd.kernel import classify as kernel_class
+
+    raw = "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0"
+    event = kernel_class(raw)
+    assert event is not None and event.action == "pcie"
+    fault = gang.classify_line(event.summary)
+    assert fault is not None and fault.kind == INTERCONNECT
+    assert (fault.device, fault.port) == ("0000:01:00.0", False)
+    corrected = kernel_class("pcieport 0000:00:01.0: AER: Corrected error received: "
+                             "0000:01:00.0")
+    assert corrected is not None and gang.classify_line(corrected.summary) is None
