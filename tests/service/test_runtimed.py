@@ -459,6 +459,36 @@ def test_idle_session_is_spilled_and_restored_warm(tmp_path: Path, spill_ram: in
         node.run(main(node))
 
 
+def test_consecutive_decodes_continue_the_text(tmp_path: Path) -> None:
+    """A session's Decodes follow one another: three greedy Decodes of 3
+    tokens give the text one Complete of 9 gives, also when the session
+    is spilled (to a file) between two of them. (The last token each Decode
+    hands out is not evaluated yet; the next Decode starts with it.)"""
+
+    async def main(node: Node) -> None:
+        async with await node.runtimed() as runtime:
+            whole, _ = await collect(runtime.Complete(model="smollm2", prompt="1, 2, 3, 4, 5, 6,",
+                                                      sampling=greedy(9)))
+            sid = (await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                             config=None))["session_id"]
+            await runtime.EnsurePrefix(session_id=sid, text="1, 2, 3, 4, 5, 6,",
+                                       manifest=manifest())
+            pieces = [(await collect(runtime.Decode(session_id=sid, sampling=greedy(3))))[0]]
+            # Another session takes the one slot: the first is spilled.
+            other = (await runtime.OpenSession(owner_instance_id="o", model="smollm2",
+                                               config=None))["session_id"]
+            assert (await runtime.GetLoad())["spilled_sessions"] == 1
+            await runtime.Close(session_id=other)
+            for _ in range(2):
+                pieces.append((await collect(runtime.Decode(session_id=sid,
+                                                            sampling=greedy(3))))[0])
+            assert "".join(pieces) == whole and whole, (pieces, whole)
+            await runtime.Close(session_id=sid)
+
+    with started(tmp_path / "node", "[runtimed]\nslots = 1\nspill_ram = 0\n") as node:
+        node.run(main(node))
+
+
 def test_lost_spill_file_means_a_cold_session(tmp_path: Path) -> None:
     """A spilled session whose file is gone comes back cold, declared:
     Decode answers NoPrefix, EnsurePrefix prefills everything again."""

@@ -175,6 +175,10 @@ class Engine:
 
     def __init__(self, llama: Any, threads: int = 1) -> None:
         self._llama = llama
+        #: The last token a generation handed out without evaluating it
+        #: (the next step would have): a session's next Decode starts with
+        #: it, so its context holds all the text it was given.
+        self.pending: int | None = None
         self.lock = threading.Lock()
         #: The most threads this context may use, and what it uses now.
         self.max_threads = threads
@@ -267,11 +271,17 @@ class Engine:
         """Tokens whose KV is resident now."""
         return [int(t) for t in self._llama.input_ids[: self._llama.n_tokens]]
 
+    def continuation(self) -> list[int]:
+        """What a session's next generation follows: the resident tokens and
+        the last one handed out, if it was not evaluated."""
+        return self.resident() + ([self.pending] if self.pending is not None else [])
+
     def prefill(self, keep: int, tokens: Sequence[int], pace: Pace | None = None) -> None:
         """Keep the first `keep` resident tokens, drop the rest, evaluate
         `tokens` after them."""
         llama = self._llama
         self.check_fits(keep + len(tokens))
+        self.pending = None
         llama.n_tokens = keep
         llama._ctx.kv_cache_seq_rm(-1, keep, -1)
         if tokens:
@@ -290,6 +300,11 @@ class Engine:
 
         import llama_cpp
 
+        if self.pending is not None:
+            # The saved state must hold every token the session was given.
+            if self._llama.n_tokens < self.n_ctx:
+                self._llama.eval([self.pending])
+            self.pending = None
         ctx = self._llama._ctx.ctx
         size = int(llama_cpp.llama_state_seq_get_size(ctx, 0))
         buffer = (ctypes.c_uint8 * size)()
@@ -314,6 +329,7 @@ class Engine:
         llama.input_ids[:count] = saved.tokens
         llama.n_tokens = count
         llama._requires_eval = True
+        self.pending = None
 
     def generate(self, tokens: Sequence[int], params: Params, stop: threading.Event,
                  emit: Emit, *, extra_stops: tuple[str, ...] = (), pace: Pace | None = None,
@@ -359,13 +375,16 @@ class Engine:
         # The processors (constraint, reasoning) count the context's tokens
         # from their first call on: they allow a shift before it, not after.
         sliding = window is not None and logits_processor is None
+        self.pending = None
         if window is not None:
             # Room first: one token to slide on from, or the whole answer
             # (as far as the window holds it) when it cannot slide later.
             need = 1 if sliding else min(params.max_tokens + 1, self.n_ctx - window.sinks - 1)
             if len(tokens) + need > self.n_ctx:
-                self.shift(window, need)
-                tokens = self.resident()
+                # `tokens` is the resident context and what follows it.
+                tail = list(tokens[self._llama.n_tokens:])
+                self.shift(window, need + len(tail))
+                tokens = self.resident() + tail
         self.check_fits(len(tokens))
         budget = params.max_tokens if sliding else min(params.max_tokens,
                                                        self.n_ctx - len(tokens))
@@ -402,6 +421,8 @@ class Engine:
             if produced >= budget:
                 break
         output.close()
+        # Handed out but not evaluated: the end of length, or of a stop string.
+        self.pending = token if reason == "length" or output.stopped else None
         return reason
 
     def _sample(self, tokens: Sequence[int], params: Params, logits_processor: Any) -> Any:
@@ -451,6 +472,7 @@ class Engine:
                 first()
             return all(output.token(token) for token in step)
 
+        self.pending = None
         speculator = Speculator(self._llama, drafter, draft_max=draft_max)
         try:
             # Counted as running, threads set once; it takes no turns (the
@@ -463,6 +485,7 @@ class Engine:
         finally:
             speculator.close()
         output.close()
+        self.pending = result.pending
         return result.reason, result.drafted, result.accepted
 
     def attach_lora(self, fd: int, scale: float) -> None:

@@ -1083,15 +1083,15 @@ class RuntimeService(Runtime1):
             try:
                 with engine.lock:
                     if speculative is not None:
-                        if window is not None and len(engine.resident()) >= engine.n_ctx:
-                            engine.shift(window, 1)  # room to go on; drafts fit the rest
+                        if window is not None and len(engine.continuation()) >= engine.n_ctx:
+                            engine.shift(window, 2)  # room to go on; drafts fit the rest
                         reason, work.drafted, work.accepted = engine.speculate(
-                            engine.resident(), params, stop, emit, drafter=drafter,
+                            engine.continuation(), params, stop, emit, drafter=drafter,
                             draft_max=speculative.draft_max or DRAFT_MAX, pace=self.pace,
                             first=first)
                         return reason
                     return engine.generate(
-                        engine.resident(), params, stop, emit, pace=self.pace, first=first,
+                        engine.continuation(), params, stop, emit, pace=self.pace, first=first,
                         logits_processor=self._processor(engine, compiled),
                         reasoning=reasoning, think=think, window=window)
             finally:

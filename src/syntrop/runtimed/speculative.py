@@ -350,6 +350,9 @@ class Result:
     yields: list[int] = field(default_factory=list)
     #: Prompt tokens found resident in the KV cache, not evaluated again.
     reused: int = 0
+    #: The last token handed out that is not in the KV cache yet (the next
+    #: step would have evaluated it); None when every emitted token is.
+    pending: int | None = None
 
     @property
     def acceptance(self) -> float:
@@ -455,6 +458,7 @@ class Speculator:
                 result.yields.append(len(emitted))
                 if accepted < len(draft):
                     lowlevel.truncate(ctx, 0, len(context))  # roll back the rejected
+            result.pending = pending
             result.seconds = time.perf_counter() - decoding
         finally:
             # Whatever happened, the cache holds exactly `context`, and the
