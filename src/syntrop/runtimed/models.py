@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from syntrop.runtimed.engine import Engine, Options, verify
@@ -30,6 +31,19 @@ class WeightsDiffer(Exception):
 
 def _bare(digest: str) -> str:
     return digest.removeprefix("sha256:").lower()
+
+
+async def open_in_modeld(socket: Path, name: str, timeout: float) -> tuple[int, str, int]:
+    """A model's descriptor from modeld (Model1.OpenModel over `socket`),
+    duplicated for the caller to keep and close, with the digest (bare hex)
+    and size modeld reports. Raises modeld's ModelNotFound or
+    InvalidIdentifier, or OSError when modeld cannot be reached."""
+    from syntrop.interfaces.model import Model1
+    from syntrop.varlink.client import connect
+
+    async with await connect(Model1, address=socket, timeout=timeout) as modeld:
+        with await modeld.OpenModel(name=name) as reply:
+            return os.dup(reply["fd"].fileno()), _bare(str(reply["digest"])), int(reply["size"])
 
 
 @dataclass(slots=True, kw_only=True)

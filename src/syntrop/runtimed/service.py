@@ -91,7 +91,7 @@ from syntrop.runtimed.engine import (
     Think,
 )
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.models import Resident, WeightsDiffer
+from syntrop.runtimed.models import Resident, WeightsDiffer, open_in_modeld
 from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import (
     SessionTable,
@@ -101,7 +101,6 @@ from syntrop.runtimed.sessions import (
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.varlink import InvalidParameter, implements
-from syntrop.varlink.client import connect
 
 if TYPE_CHECKING:
     # Imported when a request is constrained (llguidance, jsonschema behind it).
@@ -201,17 +200,7 @@ class RuntimeService(Runtime1):
             if name in self.models:
                 self.models[name].hold()
                 return self.models[name]
-            try:
-                async with await connect(Model1, address=self.paths.socket(Model1.name),
-                                         timeout=MODELD_TIMEOUT) as modeld:
-                    with await modeld.OpenModel(name=name) as reply:
-                        fd = os.dup(reply["fd"].fileno())
-                        digest, size = str(reply["digest"]), int(reply["size"])
-            except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
-                raise ModelNotFound(model=name) from None
-            except OSError as error:
-                logger.warning("cannot reach modeld: %s", error)
-                raise ModelNotFound(model=name) from None
+            fd, digest, size = await self._open_in_modeld(name)
             try:
                 resident = await asyncio.to_thread(Resident.open, name, fd, digest, size)
             except WeightsDiffer as error:
@@ -225,23 +214,24 @@ class RuntimeService(Runtime1):
                 self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
 
+    async def _open_in_modeld(self, name: str) -> tuple[int, str, int]:
+        """modeld's descriptor, digest and size of `name`; ModelNotFound when
+        modeld has no such model or cannot be reached."""
+        try:
+            return await open_in_modeld(self.paths.socket(Model1.name), name, MODELD_TIMEOUT)
+        except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
+            raise ModelNotFound(model=name) from None
+        except OSError as error:
+            logger.warning("cannot reach modeld: %s", error)
+            raise ModelNotFound(model=name) from None
+
     async def _adapter(self, name: str) -> int:
         """A LoRA adapter's descriptor from modeld, its bytes checked against
         the digest modeld reports (llama.cpp sees it only after `attach`'s
         check against the model)."""
         if not name or len(name) > MAX_NAME or "\0" in name:
             raise InvalidParameter(parameter="config.lora")
-        try:
-            async with await connect(Model1, address=self.paths.socket(Model1.name),
-                                     timeout=MODELD_TIMEOUT) as modeld:
-                with await modeld.OpenModel(name=name) as reply:
-                    fd = os.dup(reply["fd"].fileno())
-                    digest = str(reply["digest"]).removeprefix("sha256:")
-        except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
-            raise ModelNotFound(model=name) from None
-        except OSError as error:
-            logger.warning("cannot reach modeld: %s", error)
-            raise ModelNotFound(model=name) from None
+        fd, digest, _ = await self._open_in_modeld(name)
         from syntrop.runtimed.engine import verify
 
         actual = await asyncio.to_thread(verify, fd)

@@ -57,16 +57,23 @@ class RuntimedProvider:
         self.config = config
         self.address = config.endpoint or f"unix:{paths.socket(NAME)}"
 
-    async def _chunks(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[Any]:
-        from asyncvarlink import VarlinkErrorReply
-
-        from syntrop.interfaces.runtime import ChatMessage, Runtime1
+    async def _client(self) -> Any:
+        """A connection to runtimed, or a 502 when it cannot be reached."""
+        from syntrop.interfaces.runtime import Runtime1
         from syntrop.varlink.client import CallTimeout, connect
 
         try:
-            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
+            return await connect(Runtime1, address=self.address, timeout=self.config.timeout)
         except (OSError, CallTimeout) as error:
             raise ProviderError(502, f"runtimed unreachable: {error}") from None
+
+    async def _chunks(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        from asyncvarlink import VarlinkErrorReply
+
+        from syntrop.interfaces.runtime import ChatMessage
+        from syntrop.varlink.client import CallTimeout
+
+        client = await self._client()
         async with client:
             try:
                 if endpoint == "chat/completions":
@@ -104,17 +111,13 @@ class RuntimedProvider:
     async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
         from asyncvarlink import VarlinkErrorReply
 
-        from syntrop.interfaces.runtime import Runtime1
-        from syntrop.varlink.client import CallTimeout, connect
+        from syntrop.varlink.client import CallTimeout
 
         if body.get("dimensions") is not None:
             raise ProviderError(400, "runtimed does not support dimensions", retryable=False)
         texts = body["input"]
         texts = [texts] if isinstance(texts, str) else texts
-        try:
-            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
-        except (OSError, CallTimeout) as error:
-            raise ProviderError(502, f"runtimed unreachable: {error}") from None
+        client = await self._client()
         async with client:
             try:
                 result = await client.Embed(model=body["model"], input=list(texts))
@@ -171,13 +174,8 @@ class RuntimedProvider:
 
     async def list_models(self) -> list[str]:
         """The configured models, once runtimed answers on its socket."""
-        from syntrop.interfaces.runtime import Runtime1
-        from syntrop.varlink.client import CallTimeout, connect
 
-        try:
-            client = await connect(Runtime1, address=self.address, timeout=self.config.timeout)
-        except (OSError, CallTimeout) as error:
-            raise ProviderError(502, f"runtimed unreachable: {error}") from None
+        client = await self._client()
         async with client:
             pass
         return list(self.config.models)

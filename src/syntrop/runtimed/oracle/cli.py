@@ -19,16 +19,11 @@ def _from_modeld(name: str) -> tuple[int, str]:
     from syntrop.config import paths
     from syntrop.interfaces import model as contract
     from syntrop.runtimed.engine import verify as sha256
-    from syntrop.varlink.client import connect
-
-    async def open_model() -> tuple[int, str]:
-        address = paths().socket(contract.Model1.name)
-        async with await connect(contract.Model1, address=address, timeout=30) as modeld:
-            with await modeld.OpenModel(name=name) as reply:
-                return os.dup(reply["fd"].fileno()), str(reply["digest"])
+    from syntrop.runtimed.models import open_in_modeld
 
     try:
-        fd, digest = asyncio.run(open_model())
+        fd, digest, _ = asyncio.run(open_in_modeld(paths().socket(contract.Model1.name), name,
+                                                   30.0))
     except (contract.ModelNotFound, contract.InvalidIdentifier):
         raise LookupError(f"{name}: no such file, and modeld has no model of that name") \
             from None
@@ -36,7 +31,7 @@ def _from_modeld(name: str) -> tuple[int, str]:
         raise LookupError(f"{name}: no such file, and modeld cannot be reached "
                           f"({error.strerror or error})") from None
     actual = sha256(fd)
-    if actual != digest.removeprefix("sha256:"):
+    if actual != digest:
         os.close(fd)
         raise LookupError(f"{name}: the bytes modeld handed over hash to {actual}, "
                           f"not {digest}")
@@ -73,7 +68,7 @@ def main(argv: list[str]) -> int:
         except LookupError as error:
             print(f"runtimed verify: {error}", file=sys.stderr)
             return 2
-        print(f"{args.model}: modeld's sha256:{digest.removeprefix('sha256:')}")
+        print(f"{args.model}: modeld's sha256:{digest}")
         args.model = Path(f"/proc/self/fd/{fd}")
     try:
         return _check(args)
