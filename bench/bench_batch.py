@@ -106,6 +106,10 @@ def drive(batcher: Any, prompts: list[list[int]], tokens: int) -> list[list[int]
 def measure(rounds: int, tokens: int, threads: int) -> dict[str, Any]:
     from llama_cpp import Llama
 
+    from syntrop.runtimed.cpu import ready
+
+    ready()
+
     from syntrop.runtimed.batch import Batcher
 
     llama = Llama(model_path=str(smollm2()), n_ctx=512, n_threads=threads, verbose=False)

@@ -93,6 +93,10 @@ def measure(path: Path, *, rounds: int, threads: int, tokens: int,
             sampling: dict[str, Any]) -> dict[str, Any]:
     from llama_cpp import Llama, LlamaGrammar, LogitsProcessorList
 
+    from syntrop.runtimed.cpu import ready
+
+    ready()
+
     from syntrop.runtimed import constrain
 
     llama = Llama(model_path=str(path), n_ctx=2048, n_threads=threads,

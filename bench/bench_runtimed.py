@@ -69,6 +69,10 @@ class Direct:
     def __init__(self, path: Path, threads: int) -> None:
         from llama_cpp import Llama
 
+        from syntrop.runtimed.cpu import ready
+
+        ready()
+
         self.llama = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=threads,
                            n_threads_batch=threads, verbose=False)
         self.llama.create_completion(PROMPT, max_tokens=8, temperature=0.0)  # warm-up

@@ -101,6 +101,10 @@ def measure(target: Path, draft: Path, config: dict[str, Any], *, rounds: int,
             tokens: int, draft_max: int, threads: int) -> dict[str, Any]:
     from llama_cpp import Llama
 
+    from syntrop.runtimed.cpu import ready
+
+    ready()
+
     from syntrop.runtimed import speculative as sp
 
     def load(path: Path) -> Any:

@@ -12,6 +12,7 @@ import importlib.util
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,18 @@ def require_llama() -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable (pip install llama-cpp-python)",
                     allow_module_level=True)
+
+
+def Llama(**kwargs: Any) -> Any:
+    """llama_cpp.Llama(**kwargs), with the CPU backend runtimed would choose
+    on this host loaded first (the engine's build chooses it at run time:
+    cpu.py)."""
+    import llama_cpp
+
+    from syntrop.runtimed.cpu import ready
+
+    ready()
+    return llama_cpp.Llama(**kwargs)
 
 
 def smollm2_path() -> Path | None:

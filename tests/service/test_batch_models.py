@@ -24,7 +24,7 @@ WORDS = ("boats", "trees", "linux", "coffee", "rain", "maps", "cats", "music")
 
 
 def open_llama(path: Path) -> Any:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     return Llama(model_path=str(path), n_ctx=256, n_threads=1, n_threads_batch=1, flash_attn=True,
                  verbose=False)

@@ -60,7 +60,7 @@ PROMPT = ("Answer with one JSON object that restarts the failed unit nginx.servi
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
 def llama(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     path: Path = (tinymodel.build(tmp_path_factory, "Q8_0") if request.param == "tiny"
                   else smollm2())

@@ -25,7 +25,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def llama(base: Path) -> Iterator[Any]:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     model = Llama(model_path=str(base), n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
     yield model

@@ -17,7 +17,7 @@ require_llama()
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     model = Llama(model_path=str(tinymodel.build(tmp_path_factory, "Q8_0")), n_ctx=512,
                   n_threads=2, verbose=False)
@@ -48,7 +48,7 @@ def test_markers_of_the_tiny_model(llama: Any) -> None:
 
 
 def test_a_model_without_markers_is_refused() -> None:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     model = Llama(model_path=str(smollm2()), vocab_only=True, verbose=False)
     try:

@@ -36,7 +36,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 def sampling(seed: int = 1, temperature: float = 0.0, max_tokens: int = 40,
              stop: list[str] | None = None, budget: int | None = None) -> Sampling:
-    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=None, top_k=0,
+    # No nucleus (top_p 1): a stream's text is compared with the same
+    # request run alone, and llama.cpp's logits for a sequence differ in
+    # the last bits with the number of rows sharing a decode, by CPU kernel
+    # (seen with the zen4 and AMX-less variants). With top_p < 1 that noise
+    # can move the nucleus boundary, which renormalises every probability,
+    # and a seeded draw then picks another token; greedy choices and
+    # untruncated sampling change only if logits differ by more than noise.
+    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=1.0, top_k=0,
                     seed=seed, stop=stop, min_p=0.0, reasoning_budget=budget)
 
 

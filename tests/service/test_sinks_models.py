@@ -32,7 +32,7 @@ def rss() -> int:
 
 
 def open_llama(path: Path, n_ctx: int) -> Any:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=1,
                  n_threads_batch=1, verbose=False)

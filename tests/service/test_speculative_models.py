@@ -48,7 +48,7 @@ EDIT = ("<|im_start|>user\nAdd type hints to this Python code and return it whol
 
 
 def open_llama(path: Path, **extra: Any) -> Any:
-    from llama_cpp import Llama
+    from tests.models import Llama
 
     return Llama(model_path=str(path), n_ctx=512, n_threads=1, n_threads_batch=1,
                  verbose=False, **extra)

@@ -46,8 +46,16 @@ def system_available() -> None:
 
 
 def _build_wheelhouse(into: Path) -> None:
-    """Wheels of this checkout and its dependencies. The checkout is copied
-    first so that building leaves no build/ or egg-info in it."""
+    """Wheels of this checkout and its dependencies, runtimed's engine the
+    way scripts/build-engine builds it (its wheelhouse makes that quick
+    after the first time; pip then takes it rather than building the
+    default, native one). The checkout is copied first so that building
+    leaves no build/ or egg-info in it."""
+    engine = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build-engine"), "--wheelhouse", str(into)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=3600, check=False)
+    if engine.returncode != 0:
+        raise RuntimeError(f"scripts/build-engine failed: {engine.stderr.strip()[-2000:]}")
     source = into.parent / "source"
     source.mkdir()
     shutil.copy2(REPO / "pyproject.toml", source)
@@ -65,6 +73,8 @@ def _build_wheelhouse(into: Path) -> None:
             "--quiet",
             "--disable-pip-version-check",
             "--wheel-dir",
+            str(into),
+            "--find-links",
             str(into),
             str(source),
         ],

@@ -189,6 +189,9 @@ class Engine:
         """Load the model behind `fd` (kept open by the caller)."""
         from llama_cpp import Llama
 
+        from syntrop.runtimed.cpu import ready
+
+        ready()
         threads = options.n_threads or (os.cpu_count() or 1)
         try:
             llama = Llama(

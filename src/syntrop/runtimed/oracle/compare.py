@@ -102,6 +102,10 @@ def llama_logits(path: Path, tokens: Sequence[int], *, threads: int) -> Array:
     logits_all, the whole sequence in one batch)."""
     from llama_cpp import Llama
 
+    from syntrop.runtimed.cpu import ready
+
+    ready()
+
     llama = Llama(model_path=str(path), n_ctx=max(512, len(tokens)), n_batch=len(tokens),
                   n_ubatch=len(tokens), logits_all=True, n_threads=threads,
                   n_threads_batch=threads, verbose=False)
@@ -116,6 +120,10 @@ def llama_logits(path: Path, tokens: Sequence[int], *, threads: int) -> Array:
 def default_tokens(path: Path, count: int) -> list[int]:
     """The first `count` tokens of TEXT, as llama.cpp tokenizes it."""
     from llama_cpp import Llama
+
+    from syntrop.runtimed.cpu import ready
+
+    ready()
 
     llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
     try:
