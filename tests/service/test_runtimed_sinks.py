@@ -69,7 +69,10 @@ def test_a_session_streams_four_windows_with_memory_flat(node: Node) -> None:
             opened = await runtime.OpenSession(owner_instance_id="sinks", model="tiny",
                                                config=config())
             sid = opened["session_id"]
-            reports, rss = [], [rss_kib(node.pid)]
+            # The session's KV cache lives in its model's engine worker.
+            engine = await runtime.GetEngine()
+            pid = next(w.pid for w in engine["workers"] if w.model == "tiny")
+            reports, rss = [], [rss_kib(pid)]
             try:
                 await runtime.EnsurePrefix(session_id=sid, text=PREFIX,
                                            manifest=manifest(model="tiny"))
@@ -80,7 +83,7 @@ def test_a_session_streams_four_windows_with_memory_flat(node: Node) -> None:
                                                       sampling=sampling(tokens)):
                         chunks.append(chunk_of(reply))
                     reports.append(await runtime.ExplainContext(session_id=sid))
-                    rss.append(rss_kib(node.pid))
+                    rss.append(rss_kib(pid))
             finally:
                 await runtime.Close(session_id=sid)
             return chunks, reports, rss

@@ -85,15 +85,28 @@ def test_shifted_cache_equals_a_fresh_evaluation(tiny: Any, tiny_path: Path) -> 
         ctx = fresh_llama._ctx.ctx
         row = lowlevel.prefill(ctx, batch, stream.window, 0)
         fresh = lowlevel.logits(ctx, row, fresh_llama._model.n_vocab()).copy()
+        lowlevel.truncate(ctx, 0, 0)
+        row = lowlevel.prefill(ctx, batch, stream.window[:-1], 0)
+        control = lowlevel.logits(ctx, row, fresh_llama._model.n_vocab()).copy()
         batch.close()
     finally:
         fresh_llama.close()
-    # Re-rotated keys equal freshly rotated ones up to rounding (the cache
-    # holds f16 keys, rotated again in place at every shift).
+    # Re-rotated keys equal freshly rotated ones up to rounding, not exactly:
+    # the cache holds f16 keys, rotated again in place at every shift, and
+    # the stream evaluated them a token at a time where the fresh context
+    # takes the window in one batch. How large that rounding is depends on
+    # the CPU's kernels (seeds 3-10 on the zen4 variant: max 3-7 % of the
+    # logits' spread, mean 1-2 %, relative L2 7-14 %; 5.2 % max seen on an
+    # Intel host without AMX), so the bounds leave room for any host, and
+    # the control shows what they tell apart: a context one token shorter
+    # (what a shift that kept the wrong tokens would evaluate) is far off.
     spread = float(np.ptp(fresh))
-    assert int(np.argmax(shifted)) == int(np.argmax(fresh))
-    assert float(np.max(np.abs(shifted - fresh))) < 0.05 * spread
-    assert float(np.mean(np.abs(shifted - fresh))) < 0.01 * spread
+    error = shifted - fresh
+    assert float(np.max(np.abs(error))) < 0.15 * spread
+    assert float(np.mean(np.abs(error))) < 0.03 * spread
+    assert float(np.linalg.norm(error)) < 0.20 * float(np.linalg.norm(fresh))
+    assert int(np.argmax(fresh)) in np.argsort(shifted)[-5:]  # near ties may swap
+    assert float(np.linalg.norm(control - fresh)) > 0.5 * float(np.linalg.norm(fresh))
 
 
 def test_smollm2_keeps_writing_sensibly_after_shifts() -> None:

@@ -242,6 +242,52 @@ class LoadedModel:
     batch_free: int | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineVariant:
+    """A build of llama.cpp's CPU backend for one feature level.
+
+    Fields:
+        name: The variant (x64, haswell, zen4, sapphirerapids, ...).
+        score: How well it fits this CPU; 0 where it cannot run here.
+    """
+
+    name: str
+    score: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineWorker:
+    """A model's engine worker process, or the last one of a model whose
+    worker crashed.
+
+    Fields:
+        model: The model it serves.
+        pid: Its process id; null when none runs.
+        state: running, crashed (the next request starts a new one) or
+            failing (crashed too often: refused until retry_after_s).
+        started_at: When it started, seconds since the epoch; null when
+            none runs.
+        calls: Calls it has served.
+        crashes: Crashes of this model's workers within the crash window.
+        last_exit: How the last worker that crashed ended, e.g. "killed by
+            signal 11 (SIGSEGV)"; null when none has.
+        last_signal: The signal that ended it; null when none did.
+        last_calls: What it was serving when it ended.
+        retry_after_s: With state failing: seconds until it is tried again.
+    """
+
+    model: str
+    pid: int | None
+    state: str
+    started_at: float | None
+    calls: int
+    crashes: int
+    last_exit: str | None
+    last_signal: int | None
+    last_calls: list[str]
+    retry_after_s: float | None
+
+
 class OpenSessionResult(TypedDict):
     session_id: str
     owner_instance_id: str
@@ -301,6 +347,18 @@ class LoadResult(TypedDict):
     queue_depth: int
     models: list[LoadedModel] | None
     spilled_sessions: int | None
+
+
+class EngineResult(TypedDict):
+    cpu: str
+    build: str
+    variant: str | None
+    variants: list[EngineVariant]
+    amx: str
+    extra_buffer_types: bool
+    reason: str
+    system_info: str | None
+    workers: list[EngineWorker]
 
 
 class ModelNotFound(TypedVarlinkErrorReply, interface=NAME):
@@ -466,6 +524,62 @@ class Busy(TypedVarlinkErrorReply, interface=NAME):
         queue_depth: int
 
 
+class EngineCrashed(TypedVarlinkErrorReply, interface=NAME):
+    """The model's engine worker died while serving the call (a native
+    fault in llama.cpp, an OOM kill) or could not start. runtimed and other
+    models go on; the next request starts a new worker.
+
+    Parameters:
+        model: The model.
+        signal: The signal that ended the worker, e.g. 11 (SIGSEGV); null
+            when it exited by itself.
+        exit_status: Its exit status when no signal ended it, else null.
+        reason: What happened, in words.
+    """
+
+    class Parameters:
+        model: str
+        signal: int | None
+        exit_status: int | None
+        reason: str
+
+
+class EngineFailing(TypedVarlinkErrorReply, interface=NAME):
+    """The model's engine crashed crash_limit times within the crash window:
+    runtimed does not start it again until the oldest crash leaves it.
+
+    Parameters:
+        model: The model.
+        crashes: Crashes within the window.
+        window_s: The window, in seconds.
+        retry_after_s: Seconds until a request starts it again.
+        reason: How the last worker ended.
+    """
+
+    class Parameters:
+        model: str
+        crashes: int
+        window_s: float
+        retry_after_s: float
+        reason: str
+
+
+class SessionLost(TypedVarlinkErrorReply, interface=NAME):
+    """The session's context lived in an engine worker that died; its
+    state is gone and is never rebuilt silently. Close it and open a new one.
+
+    Parameters:
+        session_id: The session.
+        model: Its model.
+        reason: How the worker ended.
+    """
+
+    class Parameters:
+        session_id: str
+        model: str
+        reason: str
+
+
 class Runtime1(Interface, name=NAME):
     """Runs GGUF models: completion and chat streams, embeddings, and
     persistent sessions that reuse their resident prefix."""
@@ -484,6 +598,9 @@ class Runtime1(Interface, name=NAME):
         ShiftUnsupported,
         NoPrefix,
         Busy,
+        EngineCrashed,
+        EngineFailing,
+        SessionLost,
     )
 
     @method(return_parameter="chunk")
@@ -655,6 +772,27 @@ class Runtime1(Interface, name=NAME):
             unloaded: Models unloaded now.
             in_use: Models kept because something uses them.
             freed_bytes: Bytes of weights no longer resident.
+        """
+
+    @method
+    def GetEngine(self) -> EngineResult:
+        """Which CPU code the engine runs on this host and why, and the
+        state of every model's engine worker.
+
+        Returns:
+            cpu: The CPU's model name.
+            build: variants (a CPU backend per feature level, chosen at run
+                time) or single (one backend built in).
+            variant: The variant chosen; null for a single build.
+            variants: Each variant and its score on this CPU.
+            amx: Whether AMX is advertised, granted and working, in words.
+            extra_buffer_types: Whether llama.cpp may repack weights into
+                its extra buffer types (off where AMX is advertised but
+                faults and the build cannot leave it out).
+            reason: Why this choice.
+            system_info: What llama.cpp reports of itself, from a running
+                worker; null when none runs.
+            workers: Each model's engine worker.
         """
 
     @method

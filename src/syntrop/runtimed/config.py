@@ -14,6 +14,9 @@
     unload_pressure = 25.0 # memory PSI (some, avg10, percent) above which
                            # idle models are unloaded at once; 0: never
     pressure_file = "/proc/pressure/memory"  # or a cgroup's memory.pressure
+    crash_limit = 3    # engine crashes of one model within crash_window
+                       # after which it is refused; 0: never refused
+    crash_window = 60  # seconds
 """
 
 import tomllib
@@ -23,7 +26,7 @@ from pathlib import Path
 from syntrop.runtimed.layout import LAYOUTS
 
 FILE = "runtimed.toml"
-INTEGERS = ("slots", "queue", "n_ctx", "n_threads", "instances", "spill_ram")
+INTEGERS = ("slots", "queue", "n_ctx", "n_threads", "instances", "spill_ram", "crash_limit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,10 +41,14 @@ class Config:
     spill_ram: int = 256 << 20
     unload_pressure: float = 25.0
     pressure_file: str = "/proc/pressure/memory"
+    crash_limit: int = 3
+    crash_window: float = 60.0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"{FILE}: layout is one of {', '.join(LAYOUTS)}")
+        if self.crash_window <= 0:
+            raise ValueError(f"{FILE}: crash_window must be positive")
         if self.keep_alive < 0 or any(getattr(self, k) < 0 for k in INTEGERS):
             raise ValueError(f"{FILE}: negative value")
         if not 0 <= self.unload_pressure <= 100:
@@ -58,8 +65,9 @@ def load(directory: Path) -> Config:
     values: dict[str, object] = {k: int(section[k]) for k in INTEGERS if k in section}
     if "layout" in section:
         values["layout"] = str(section["layout"])
-    if "keep_alive" in section:
-        values["keep_alive"] = float(section["keep_alive"])
+    for key in ("keep_alive", "crash_window"):
+        if key in section:
+            values[key] = float(section[key])
     if "unload_pressure" in section:
         values["unload_pressure"] = float(section["unload_pressure"])
     if "pressure_file" in section:

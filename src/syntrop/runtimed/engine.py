@@ -1,13 +1,13 @@
 """The engine: one llama.cpp context (llama-cpp-python's `Llama`) per slot.
 
-Everything here blocks: the service runs it in a worker thread. llama_cpp is
-imported inside the functions that need it, so importing this module (and
-starting runtimed) costs nothing until a model is loaded.
+Everything here blocks, and runs only in an engine worker process (worker.py,
+host.py), on a thread per request; runtimed's own process never imports
+llama_cpp. llama_cpp is imported inside the functions that need it.
 
-Weights arrive as a descriptor from modeld; `verify` hashes the bytes behind
-it and `Engine.load` opens them through /proc/self/fd/N, so runtimed needs no
-access to the store's paths. The caller keeps the descriptor open while the
-engine is loaded: modeld counts an open descriptor as "in use".
+Weights arrive as a descriptor from modeld, checked by runtimed (models.py);
+`Engine.load` opens them through /proc/self/fd/N, so no process needs access
+to the store's paths. The worker keeps the descriptor open while the model
+is resident: modeld counts an open descriptor as "in use".
 
 Concurrency: one Engine serves one request at a time (`lock`); generation
 checks a `threading.Event` before every token, so a client that goes away
@@ -21,7 +21,6 @@ context, so the session continues warm.
 """
 
 import codecs
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
     from syntrop.runtimed.reasoning import Reasoning
     from syntrop.runtimed.sinks import Window
 
-#: Bytes hashed per read.
-CHUNK = 1 << 20
 #: KV-cache element types (ggml type ids); the quantised ones need flash
 #: attention in llama.cpp.
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
@@ -62,28 +59,6 @@ class Overflow(EngineError):
         super().__init__(f"{tokens} tokens, context {n_ctx}")
         self.tokens = tokens
         self.n_ctx = n_ctx
-
-
-def available() -> bool:
-    """Whether llama_cpp can be imported here."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def verify(fd: int) -> str:
-    """SHA-256 (hex) of the whole file behind `fd`, read with pread so the
-    descriptor's offset is left alone."""
-    digest = hashlib.sha256()
-    offset = 0
-    while True:
-        data = os.pread(fd, CHUNK, offset)
-        if not data:
-            return digest.hexdigest()
-        digest.update(data)
-        offset += len(data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,10 +211,6 @@ class Engine:
     @property
     def metadata(self) -> dict[str, str]:
         return dict(self._llama.metadata)
-
-    def digest_of(self, key: str) -> str:
-        """SHA-256 of one metadata value (the template, the tokenizer model)."""
-        return "sha256:" + hashlib.sha256(self.metadata.get(key, "").encode()).hexdigest()
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         return list(self._llama.tokenize(text.encode(), add_bos=add_bos, special=special))
@@ -521,10 +492,6 @@ class Engine:
     @property
     def n_embd(self) -> int:
         return int(self._llama.n_embd())
-
-    @property
-    def size_bytes(self) -> int:
-        return int(self._llama._model.size())
 
     def close(self) -> None:
         self._llama.close()

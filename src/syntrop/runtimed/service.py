@@ -1,251 +1,238 @@
 """The Varlink face of runtimed: io.syntrop.Runtime1.
 
-Each method validates, calls the domain (models, engine, sessions, slots)
-and maps domain exceptions to the declared errors. Inference never runs on
-the event loop: blocking engine work goes to worker threads.
+Each method validates, takes what the request needs (its model, a slot),
+hands the work to the model's engine worker and answers with what comes
+back. llama.cpp never runs in this process: every model lives in a worker
+process of its own (worker.py, host.py), started and watched by
+residency.py and workers.py, so a native fault ends that model's calls
+with EngineCrashed while every other model, and this face, go on.
 
-Streams (Complete, Chat, Decode): a worker thread generates and hands each
-piece to the event loop through an asyncio queue; every reply is sent at
-once (`AnnotatedResult(continues=True)`), the last one carries the finish
-reason. When the client goes away the server cancels the generator; its
-`finally` sets the stop event and the engine stops within one token. The
-slot and the engine go back when the thread ends, not before.
+Kept here, in the event loop, is what spans models: the slots and their
+queue (slots.py), the session table with its owner fence (sessions.py),
+spilled session state (spill.py), keep-alive and memory-pressure
+shedding, and the CPU choice for the engine (cpu.py), made once.
 
-Weights: a model is made resident from the descriptor modeld's OpenModel
-hands over, hashed and compared with the digest modeld reports before
-llama.cpp sees it, and loaded through /proc/self/fd/N. The descriptor stays
-open while the model is resident; a model nothing holds is unloaded after
-its keep-alive.
+Streams (Complete, Chat, Decode) are relayed by streams.py: each piece the
+worker sends goes out at once; when the client goes away the call is
+cancelled in the worker, and its slot and model go back once the worker
+has stopped.
 
-Spill: a session holds a slot (its context) while it is open. When a request
+Spill: a session holds a slot while its context is live. When a request
 needs a slot and none is free, the least recently used idle session is
-spilled (its sequence state copied to host memory, or to a file beyond the
-byte budget) and its context closed; the next call on it takes a slot again
-and restores the state, so its prefix is reused as before.
-
-Tracing (for the benchmark): with SYNTROP_RUNTIMED_TRACE set to a file,
-each stream appends one JSON line of CLOCK_MONOTONIC times: when the call
-arrived, when the engine started on it (in its worker thread), when it
-sampled its first token, when the first reply went out.
+spilled: its worker writes its state into a memfd that comes here (kept in
+memory, or in a file beyond the byte budget), and closes the context; the
+next call on it takes a slot again and hands the state back.
 """
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import threading
+import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from asyncvarlink import AnnotatedResult, VarlinkErrorReply
+from asyncvarlink import AnnotatedResult
 
 from syntrop.config import Paths
-from syntrop.interfaces import model as model_contract
 from syntrop.interfaces.model import Model1
 from syntrop.interfaces.runtime import (
-    AdapterMismatch,
     Busy,
     ChatMessage,
-    Chunk,
     Constraint,
     ContextManifest,
-    ContextOverflow,
     ContextReport,
     Embedding,
     EmbedResult,
+    EngineCrashed,
+    EngineResult,
+    EngineVariant,
+    EngineWorker,
     InvalidConstraint,
-    InvalidModel,
     InvalidSampling,
     LoadedModel,
     LoadResult,
-    ModelNotFound,
     NoPrefix,
     OpenSessionResult,
     PrefixStatus,
     Runtime1,
     Sampling,
     SessionConfig,
+    SessionLost,
     SessionNotFound,
-    ShiftUnsupported,
     Speculative,
     StaleOwner,
     SuffixStatus,
     UnloadResult,
-    VocabularyMismatch,
-    WeightsMismatch,
 )
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
-from syntrop.runtimed.engine import (
-    KV_TYPES,
-    Emit,
-    Engine,
-    EngineError,
-    LoadError,
-    Options,
-    Output,
-    Overflow,
-    Think,
-)
-from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.models import Resident, WeightsDiffer, open_in_modeld
+from syntrop.runtimed.engine import KV_TYPES, Options
+from syntrop.runtimed.host import wire_params
+from syntrop.runtimed.residency import Residency, Resident, check_name, crashed
 from syntrop.runtimed.sampling import Params, SamplingError, validate
-from syntrop.runtimed.sessions import (
-    SessionTable,
-    StaleSession,
-    UnknownSession,
-)
+from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
+from syntrop.runtimed.streams import relay
+from syntrop.runtimed.workers import Call, Exit, WorkerGone
 from syntrop.varlink import InvalidParameter, implements
 
 if TYPE_CHECKING:
-    # Imported when a request is constrained (llguidance, jsonschema behind it).
     from syntrop.runtimed import constrain
-    from syntrop.runtimed.batch import Batcher
-    from syntrop.runtimed.reasoning import Reasoning
-    from syntrop.runtimed.sinks import Window
+    from syntrop.runtimed.cpu import Choice
+    from syntrop.runtimed.sinks import Journal
 
 logger = logging.getLogger(__name__)
 
-MAX_NAME = 256
 MAX_TEXT = 1 << 20
 MAX_MESSAGES = 256
 MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
-MODELD_TIMEOUT = 30.0
 #: Most tokens one Decode of a session with sinks may generate.
 MAX_STREAM_TOKENS = 1 << 20
 #: Journal size of a session with sinks: default and most.
 JOURNAL_BYTES = 16384
 MAX_JOURNAL_BYTES = 1 << 20
-#: Most tokens drafted per speculative step: default and most.
-DRAFT_MAX = 8
+#: Most tokens drafted per speculative step.
 MAX_DRAFT_MAX = 16
-
-Item = Chunk | BaseException
-#: Extra fields of a stream's last chunk, read when its work has ended.
-Final = Callable[[], dict[str, Any]]
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
 class Seat:
-    """Where a session's context is: an engine holding a slot, or spilled
-    (`engine` None, its state in the spill store)."""
+    """A session, runtimed's side: where its context is (live in its
+    model's worker, or spilled here), and what the worker does not keep."""
 
     options: Options
-    engine: Engine | None
     n_ctx: int
+    #: The resident model the session holds (released once, on close).
+    resident: Resident
+    #: The context is live in the worker (False: spilled, or lost).
+    in_worker: bool = True
     #: Calls using the seat now (a spill waits for none).
     busy: int = 0
     used: float = field(default_factory=time.monotonic)
+    resident_tokens: int = 0
     #: Resident tokens while spilled.
     spilled_tokens: int = 0
-    #: The session's LoRA adapter (modeld's descriptor) and its scale.
-    lora_fd: int | None = None
-    lora_scale: float = 1.0
-    #: With sinks: the sliding window (and the journal of the stream).
-    window: "Window | None" = None
+    #: The session's LoRA adapter (its name in modeld).
+    lora: str | None = None
+    #: With sinks: how many, the journal of generated text, tokens dropped
+    #: by shifts so far, and whether a shift cut the prefix.
+    sinks: int | None = None
+    journal: "Journal | None" = None
+    shifted: int = 0
+    prefix_cut: bool = False
+    #: Why the session is gone (its worker died); None while it lives.
+    lost: str | None = None
+    released: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-@dataclass(eq=False, slots=True)
-class Work:
-    """A stream's work for its worker thread (`run`), and what its last
-    chunk reports once it has run (`final`)."""
-
-    reasoning: "Reasoning | None" = None
-    run: Callable[[threading.Event, Emit, Callable[[], None], Think], str] = \
-        field(default=lambda *_: "stop")
-    drafted: int | None = None
-    accepted: int | None = None
-    shifted: int | None = None
-
-    def final(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"drafted_tokens": self.drafted,
-                                 "accepted_tokens": self.accepted,
-                                 "shifted_tokens": self.shifted}
-        if self.reasoning is not None:
-            extra.update(thinking_tokens=self.reasoning.thinking_tokens,
-                         answer_tokens=self.reasoning.answer_tokens)
-        return extra
-
-
 class RuntimeService(Runtime1):
-    """Runs GGUF models with persistent sessions."""
+    """Runs GGUF models, each in an engine worker, with persistent sessions."""
 
     def __init__(self, paths: Paths, config: Config | None = None) -> None:
         self.paths = paths
         self.config = config or load(paths.configuration)
         self.slots = Slots(self.config.slots, self.config.queue)
-        self.pace = Pace(self.config.layout, self.config.n_threads, self.config.instances)
-        self.models: dict[str, Resident] = {}
         self.table: SessionTable[Seat] = SessionTable()
         self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
-        self._loading = asyncio.Lock()
-        self._workers: set[asyncio.Future[None]] = set()
+        self.residency = Residency(paths.socket(Model1.name), self.config, self.engine)
+        self.residency.on_crash = self._crashed
+        self._choice: asyncio.Future[Choice] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._trace = os.environ.get("SYNTROP_RUNTIMED_TRACE")
 
-    # models ---------------------------------------------------------------------
+    @property
+    def models(self) -> dict[str, Resident]:
+        return self.residency.models
 
-    async def _resident(self, name: str) -> Resident:
-        """The model, made resident from modeld's descriptor if it is not."""
-        if not name or len(name) > MAX_NAME or "\0" in name:
-            raise InvalidParameter(parameter="model")
-        async with self._loading:
-            if name in self.models:
-                self.models[name].hold()
-                return self.models[name]
-            fd, digest, size = await self._open_in_modeld(name)
-            try:
-                resident = await asyncio.to_thread(Resident.open, name, fd, digest, size)
-            except WeightsDiffer as error:
-                raise WeightsMismatch(expected=error.expected, actual=error.actual) from None
-            except LoadError as error:
-                raise InvalidModel(model=name, reason=error.reason) from None
-            resident.hold()
-            self.models[name] = resident
-            logger.info("loaded %s (sha256 %s)", name, resident.digest)
-            if self._sweeper is None or self._sweeper.done():
-                self._sweeper = asyncio.create_task(self._keep_alive())
-            return resident
+    # the engine -----------------------------------------------------------------
 
-    async def _open_in_modeld(self, name: str) -> tuple[int, str, int]:
-        """modeld's descriptor, digest and size of `name`; ModelNotFound when
-        modeld has no such model or cannot be reached."""
+    async def engine(self) -> "Choice":
+        """The CPU code every worker runs, probed once (cpu.py)."""
+        if self._choice is None:
+            from syntrop.runtimed import cpu
+
+            self._choice = asyncio.ensure_future(asyncio.to_thread(cpu.probe))
+            choice = await asyncio.shield(self._choice)
+            logger.info("%s (%s)", choice.describe(), choice.reason)
+        return await asyncio.shield(self._choice)
+
+    def _open(self, resident: Resident, op: str, args: dict[str, Any],
+              fds: Sequence[int] = (), *, label: str) -> Call:
         try:
-            return await open_in_modeld(self.paths.socket(Model1.name), name, MODELD_TIMEOUT)
-        except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
-            raise ModelNotFound(model=name) from None
-        except OSError as error:
-            logger.warning("cannot reach modeld: %s", error)
-            raise ModelNotFound(model=name) from None
+            return resident.worker.open(op, args, fds, label=label)
+        except WorkerGone as gone:
+            raise crashed(resident.name, gone) from None
+
+    async def _call(self, resident: Resident, op: str, args: dict[str, Any],
+                    fds: Sequence[int] = (), *, label: str) -> dict[str, Any]:
+        try:
+            return await resident.worker.request(op, args, fds, label=label)
+        except WorkerGone as gone:
+            raise crashed(resident.name, gone) from None
+
+    async def _stream(self, resident: Resident, call: Call, done: Callable[[], None],
+                      received: float, *, on_text: Callable[[str], None] | None = None,
+                      on_result: Callable[[dict[str, Any]], None] | None = None,
+                      ) -> AsyncIterator[AnnotatedResult]:
+        try:
+            async for reply in relay(resident.worker, call, done=done, received=received,
+                                     trace=self._trace, on_text=on_text, on_result=on_result):
+                yield reply
+        except WorkerGone as gone:
+            raise crashed(resident.name, gone) from None
+
+    def _crashed(self, model: str, exit: Exit, calls: list[str]) -> None:
+        """A model's worker died: its sessions are lost (their slots and
+        spilled state freed now; each answers SessionLost until closed)."""
+        lost = 0
+        for session in self.table:
+            seat = session.engine
+            if session.model != model or seat.lost is not None:
+                continue
+            seat.lost = exit.describe()
+            if seat.in_worker:
+                seat.in_worker = False
+                self.slots.release()
+            else:
+                self.spill.drop(session.session_id)
+            lost += 1
+        if lost:
+            logger.warning("%d sessions of %s were lost with its engine", lost, model)
+
+    # models ---------------------------------------------------------------------
 
     async def _adapter(self, name: str) -> int:
         """A LoRA adapter's descriptor from modeld, its bytes checked against
-        the digest modeld reports (llama.cpp sees it only after `attach`'s
-        check against the model)."""
-        if not name or len(name) > MAX_NAME or "\0" in name:
-            raise InvalidParameter(parameter="config.lora")
-        fd, digest, _ = await self._open_in_modeld(name)
-        from syntrop.runtimed.engine import verify
-
-        actual = await asyncio.to_thread(verify, fd)
-        if actual != digest:
-            os.close(fd)
-            raise WeightsMismatch(expected=digest, actual=actual)
+        the digest modeld reports (the worker checks it against the model)."""
+        check_name(name, "config.lora")
+        fd, _, _ = await self.residency.open_verified(name)
         return fd
 
-    def _keep_alive_left(self, name: str, resident: Resident, now: float) -> float | None:
-        """Seconds before `name` is unloaded; None while it is in use."""
+    async def _draft(self, resident: Resident, name: str) -> None:
+        try:
+            await self.residency.load_draft(resident, name)
+        except WorkerGone as gone:
+            raise crashed(resident.name, gone) from None
+
+    def _in_use(self, resident: Resident) -> bool:
+        return resident.busy > 0 or any(s.engine.resident is resident for s in self.table)
+
+    def _keep_alive_left(self, resident: Resident, now: float) -> float | None:
+        """Seconds before `resident` is unloaded; None while it is in use."""
         idle = resident.idle_for(now)
-        if idle is None or any(s.model == name for s in self.table):
+        if idle is None or self._in_use(resident):
             return None
         return max(0.0, self.config.keep_alive - idle)
+
+    def _sweep(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._keep_alive())
 
     async def _keep_alive(self) -> None:
         """Unload models idle past the keep-alive, or idle at all while memory
@@ -254,25 +241,27 @@ class RuntimeService(Runtime1):
         while self.models:
             await asyncio.sleep(period)
             pressed = self._memory_pressed()
-            async with self._loading:
+            async with self.residency.loading:
                 now = time.monotonic()
-                lefts = {name: self._keep_alive_left(name, resident, now)
+                lefts = {name: self._keep_alive_left(resident, now)
                          for name, resident in self.models.items()}
                 expired = [name for name, left in lefts.items()
                            if left == 0.0 or (pressed and left is not None)]
-                await self._unload(expired, "under memory pressure" if pressed
-                                   else "idle for its keep-alive")
+                await self.residency.unload(expired, "under memory pressure" if pressed
+                                            else "idle for its keep-alive")
             if pressed:
                 try:
                     await self._shed()
-                except (EngineError, OSError) as error:
+                except (EngineCrashed, OSError) as error:
                     logger.warning("shedding under memory pressure failed: %s", error)
 
     async def _shed(self) -> None:
         """Under memory pressure, beyond unloading idle models: close the
         contexts kept for later requests, spill every idle session (its
         context freed) and move spilled state from memory to files."""
-        closed = sum([await asyncio.to_thread(m.trim) for m in list(self.models.values())])
+        closed = 0
+        for resident in list(self.models.values()):
+            closed += int((await self._call(resident, "trim", {}, label="trim"))["closed"])
         spilled = 0
         while await self._spill_one(None):
             spilled += 1
@@ -294,30 +283,20 @@ class RuntimeService(Runtime1):
             return False
         return stalled > self.config.unload_pressure
 
-    async def _unload(self, names: list[str], why: str) -> int:
-        """Close `names` (resident, idle: the caller checked under
-        `_loading`); bytes freed."""
-        freed = 0
-        for name in names:
-            # Closed before it leaves GetLoad: once it is gone there, modeld
-            # no longer counts it in use.
-            resident = self.models[name]
-            await asyncio.to_thread(resident.close)
-            del self.models[name]
-            freed += resident.size
-            logger.info("unloaded %s: %s", name, why)
-        return freed
+    async def _hold(self, model: str) -> Resident:
+        resident = await self.residency.hold(model)
+        self._sweep()
+        return resident
 
     @implements
     async def Unload(self, *, model: str | None = None) -> UnloadResult:
-        if model is not None and (not model or len(model) > MAX_NAME or "\0" in model):
-            raise InvalidParameter(parameter="model")
-        async with self._loading:
+        if model is not None:
+            check_name(model)
+        async with self.residency.loading:
             now = time.monotonic()
             names = [n for n in self.models if model is None or n == model]
-            idle = [n for n in names
-                    if self._keep_alive_left(n, self.models[n], now) is not None]
-            freed = await self._unload(idle, "asked to")
+            idle = [n for n in names if self._keep_alive_left(self.models[n], now) is not None]
+            freed = await self.residency.unload(idle, "asked to")
         return {"unloaded": idle, "in_use": [n for n in names if n not in idle],
                 "freed_bytes": freed}
 
@@ -360,40 +339,45 @@ class RuntimeService(Runtime1):
 
     async def _spill_one(self, keep: Seat | None) -> bool:
         """Spill the least recently used idle session; whether one was."""
-        idle = [s for s in self.table if s.engine.engine is not None and not s.engine.busy
+        idle = [s for s in self.table if s.engine.in_worker and not s.engine.busy
                 and not s.engine.lock.locked() and s.engine is not keep]
         if not idle:
             return False
         session = min(idle, key=lambda s: s.engine.used)
         seat = session.engine
         async with seat.lock:
-            engine = seat.engine
-            if engine is None:  # spilled by another caller meanwhile
+            if not seat.in_worker:  # spilled (or lost) meanwhile
                 return True
             try:
-                saved = await asyncio.to_thread(engine.save)
-                await asyncio.to_thread(self.spill.put, session.session_id, saved)
-            except (EngineError, OSError) as error:
+                result, fds = await seat.resident.worker.request_fds(
+                    "save", {"session": session.session_id}, label="spill")
+            except WorkerGone:
+                return False  # its sessions are lost: _crashed freed the slot
+            except Exception as error:
                 logger.warning("cannot spill session %s: %s", session.session_id, error)
                 return False
-            seat.engine, seat.spilled_tokens = None, len(saved.tokens)
-            await asyncio.to_thread(engine.close)
+            seat.in_worker, seat.spilled_tokens = False, int(result["tokens"])
             self.slots.release()
+            try:
+                await asyncio.to_thread(self.spill.put, session.session_id, fds[0])
+            except OSError as error:  # it comes back cold (NoPrefix)
+                logger.warning("spilled state of session %s lost: %s", session.session_id,
+                               error)
         where = "a file" if self.spill.on_disk(session.session_id) else "memory"
         logger.info("spilled session %s (%d tokens, %d bytes) to %s", session.session_id,
-                    len(saved.tokens), len(saved.data), where)
+                    seat.spilled_tokens, int(result["bytes"]), where)
         return True
 
-    async def _wake(self, session: sessions_mod.Session[Seat]) -> Engine:
-        """The session's engine, restored from the spill store if it was
-        spilled; the seat counts as busy until `_rest`."""
+    async def _wake(self, session: sessions_mod.Session[Seat]) -> None:
+        """Make sure the session's context is live in its worker (restoring
+        a spilled one); the seat counts as busy until `_rest`."""
         seat = session.engine
         seat.busy += 1
         try:
             async with seat.lock:
-                if seat.engine is None:
-                    seat.engine = await self._restore(session)
-                return seat.engine
+                self._check_lost(session)
+                if not seat.in_worker:
+                    await self._restore(session)
         except BaseException:
             self._rest(session)
             raise
@@ -402,34 +386,33 @@ class RuntimeService(Runtime1):
         session.engine.busy -= 1
         session.engine.used = time.monotonic()
 
-    async def _restore(self, session: sessions_mod.Session[Seat]) -> Engine:
+    async def _restore(self, session: sessions_mod.Session[Seat]) -> None:
         seat = session.engine
         await self._slot(keep=seat)
+        fd: int | None = None
         try:
-            resident = self.models[session.model]
-            engine = await asyncio.to_thread(Engine.load, resident.fd, seat.options)
+            with contextlib.suppress(KeyError, OSError):
+                fd = await asyncio.to_thread(self.spill.take, session.session_id)
+            result = await self._call(seat.resident, "restore",
+                                      {"session": session.session_id, "lora": seat.lora},
+                                      [fd] if fd is not None else [], label="restore")
         except BaseException:
             self.slots.release()
             raise
-        try:
-            if seat.lora_fd is not None:
-                await asyncio.to_thread(engine.attach_lora, seat.lora_fd, seat.lora_scale)
-            saved = await asyncio.to_thread(self.spill.take, session.session_id)
-            await asyncio.to_thread(engine.restore, saved)
-        except (EngineError, OSError, KeyError, ValueError) as error:
+        finally:
+            if fd is not None:
+                os.close(fd)
+        seat.in_worker = True
+        seat.resident_tokens = int(result["resident"])
+        if result.get("cold"):
             # The state is lost (a spill file removed or damaged): the
             # session goes on cold, and says so (NoPrefix until EnsurePrefix).
-            logger.warning("session %s restored cold: %s", session.session_id, error)
-            await asyncio.to_thread(engine.prefill, 0, [])
+            logger.warning("session %s restored cold", session.session_id)
             session.manifest = session.manifest_digest = None
             session.prefix_tokens = 0
-            return engine
-        except BaseException:
-            await asyncio.to_thread(engine.close)
-            self.slots.release()
-            raise
-        logger.info("restored session %s (%d tokens)", session.session_id, len(saved.tokens))
-        return engine
+        else:
+            logger.info("restored session %s (%d tokens)", session.session_id,
+                        seat.resident_tokens)
 
     # streams --------------------------------------------------------------------
 
@@ -446,7 +429,8 @@ class RuntimeService(Runtime1):
     async def _constraint(self, constraint: Constraint | None,
                           ) -> "constrain.Constraint | None":
         """Compile a request's constraint (llguidance, jsonschema: imported on
-        the first constrained request), or answer InvalidConstraint."""
+        the first constrained request), or answer InvalidConstraint. The
+        worker gets the compiled grammar."""
         if constraint is None:
             return None
         from syntrop.runtimed import constrain
@@ -480,122 +464,42 @@ class RuntimeService(Runtime1):
                                                          compiled.max_tokens + 1)))
 
     @staticmethod
-    def _processor(engine: Engine, compiled: "constrain.Constraint | None") -> Any:
-        return None if compiled is None else engine.guide(compiled)
-
-    @staticmethod
     def _thinking(params: Params, compiled: "constrain.Constraint | None") -> None:
         if params.reasoning_budget is not None and compiled is not None:
             raise InvalidConstraint(reason="unsupported", message="a constraint cannot follow "
                                     "thinking yet: send constraint or reasoning_budget")
 
     @staticmethod
-    def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
-        """The request's thinking budget on `engine`, or InvalidSampling for a
-        model without single-token thinking markers."""
-        if params.reasoning_budget is None:
+    def _speculative(sampling: Sampling | None, params: Params,
+                     compiled: "constrain.Constraint | None") -> Speculative | None:
+        """The request's speculative decoding, checked."""
+        spec = sampling.speculative if sampling is not None else None
+        if spec is None:
             return None
-        from syntrop.runtimed.reasoning import ReasoningError
+        if spec.draft_max is not None and not 1 <= spec.draft_max <= MAX_DRAFT_MAX:
+            raise InvalidSampling(parameter="speculative.draft_max",
+                                  reason=f"1 to {MAX_DRAFT_MAX}")
+        if spec.draft is not None:
+            check_name(spec.draft, "sampling.speculative.draft")
+        if compiled is not None:
+            raise InvalidConstraint(reason="unsupported", message="a constraint cannot "
+                                    "follow speculative decoding yet: send one of them")
+        if params.reasoning_budget is not None:
+            raise InvalidSampling(parameter="speculative",
+                                  reason="not with a reasoning budget")
+        return spec
 
-        try:
-            return engine.reasoning(params.reasoning_budget)
-        except ReasoningError as error:
-            raise InvalidSampling(parameter="reasoning_budget", reason=error.reason) from None
+    @staticmethod
+    def _decoding(params: Params, compiled: "constrain.Constraint | None",
+                  spec: Speculative | None) -> dict[str, Any]:
+        """How a worker decodes, as it reads it."""
+        return {"params": wire_params(params),
+                "constraint": asdict(compiled) if compiled is not None else None,
+                "speculative": None if spec is None else {"draft": spec.draft,
+                                                          "draft_max": spec.draft_max}}
 
-    async def _stream(
-        self, work: Callable[[threading.Event, Emit, Callable[[], None], Think], str],
-        done: Callable[[], None], received: float, final: Final | None = None,
-    ) -> AsyncIterator[AnnotatedResult]:
-        """Run `work` in a thread and stream its pieces; `done` runs on the
-        loop once the thread has ended, whatever happened to the client.
-        `work` calls its third argument when it samples its first token and
-        its fourth with thinking text; `final` gives the last chunk's extra
-        fields (counts), once `work` has returned."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Item] = asyncio.Queue()
-        stop = threading.Event()
-        times = {"received": received}
-
-        def first() -> None:
-            times["first_token"] = time.monotonic()
-
-        def put(item: Item) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def emit(text: str, tokens: int) -> None:
-            put(Chunk(text=text, tokens=tokens, finish_reason=None))
-
-        def think(text: str, tokens: int) -> None:
-            put(Chunk(text=text, tokens=tokens, finish_reason=None, thinking=True))
-
-        def run() -> None:
-            times["engine_start"] = time.monotonic()
-            try:
-                reason = work(stop, emit, first, think)
-                extra = final() if final is not None else {}
-            except BaseException as error:  # handed to the loop, raised there
-                put(error)
-            else:
-                put(Chunk(text="", tokens=0, finish_reason=reason, **extra))
-
-        future = loop.run_in_executor(None, run)
-        self._workers.add(future)
-
-        def finished(f: asyncio.Future[None]) -> None:
-            self._workers.discard(f)
-            done()
-
-        future.add_done_callback(finished)
-        try:
-            held: Item | None = None
-            while True:
-                item = held if held is not None else await queue.get()
-                held = None
-                # Answer pieces that queued up while the last reply went out
-                # leave as one reply: a loop that falls behind the engine
-                # catches up. (Thinking pieces stay apart: a marker's empty
-                # piece carries its token count on its own.)
-                while isinstance(item, Chunk) and item.finish_reason is None \
-                        and not item.thinking and not queue.empty():
-                    following = queue.get_nowait()
-                    if isinstance(following, Chunk) and following.finish_reason is None \
-                            and not following.thinking:
-                        item = replace(item, text=item.text + following.text,
-                                       tokens=item.tokens + following.tokens)
-                    else:
-                        held = following
-                        break
-                if isinstance(item, Overflow):
-                    raise ContextOverflow(tokens=item.tokens, n_ctx=item.n_ctx)
-                if isinstance(item, Exception) and hasattr(item, "reason"):
-                    from syntrop.runtimed.constrain import ConstraintError
-
-                    if isinstance(item, ConstraintError):
-                        raise InvalidConstraint(reason=item.reason, message=item.message[:512])
-                if isinstance(item, VarlinkErrorReply):
-                    raise item
-                if isinstance(item, BaseException):
-                    logger.error("generation failed", exc_info=item)
-                    raise RuntimeError("generation failed")
-                last = item.finish_reason is not None
-                if last:
-                    # The worker ends right after its last chunk: let it (and
-                    # `done` free the slot) before the last reply goes out,
-                    # so the client's next call finds the slot free.
-                    await asyncio.shield(future)
-                yield AnnotatedResult({"chunk": item}, continues=not last)
-                times.setdefault("first_sent", time.monotonic())
-                if last:
-                    return
-        finally:
-            stop.set()
-            if self._trace:
-                with contextlib.suppress(OSError), open(self._trace, "a") as trace:
-                    trace.write(json.dumps(times) + "\n")
-
-    async def _generate(self, model: str, sampling: Sampling | None,
-                        prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]],
-                        constraint: Constraint | None = None,
+    async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
+                        constraint: Constraint | None, label: str,
                         ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
         options = self._options()
@@ -606,188 +510,27 @@ class RuntimeService(Runtime1):
         # What the request holds, given back (in reverse) when its work ends.
         held = contextlib.ExitStack()
         try:
-            resident = await self._resident(model)
+            resident = await self._hold(model)
             held.callback(resident.release)
             await self._slot()
             held.callback(self.slots.release)
+            if speculative is not None and speculative.draft is not None:
+                await self._draft(resident, speculative.draft)
             if self.config.layout == "batch" and speculative is None:
-                batcher, engine = await self._batcher(resident, options)
-                reasoning = self._reasoning(engine, params)
-                work = self._batched(batcher, engine, prompt, params, compiled, reasoning)
-            else:
-                engine = await self._take(resident, options)
-                held.callback(resident.give, options, engine)
-                reasoning = self._reasoning(engine, params)
-                drafter = None if speculative is None else \
-                    await self._drafter(speculative, resident, engine, options, held)
-                work = self._solo(engine, prompt, params, compiled, reasoning, drafter,
-                                  speculative)
+                resident.batch_running = (resident.batch_running or 0) + 1
+                held.callback(self._batch_left, resident)
+            call = self._open(resident, "generate",
+                              {**prompt, "options": asdict(options),
+                               **self._decoding(params, compiled, speculative)}, label=label)
         except BaseException:
             held.close()
             raise
-        async for reply in self._stream(work.run, held.close, received, work.final):
+        async for reply in self._stream(resident, call, held.close, received):
             yield reply
 
     @staticmethod
-    async def _take(resident: Resident, options: Options) -> Engine:
-        """An idle context of `resident`, at once, or a new one (loading blocks)."""
-        engine = resident.take_idle(options)
-        return engine if engine is not None else await asyncio.to_thread(resident.take, options)
-
-    def _solo(self, engine: Engine,
-              prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]], params: Params,
-              compiled: "constrain.Constraint | None", reasoning: "Reasoning | None",
-              drafter: Any, speculative: Speculative | None) -> "Work":
-        """A stream on a context of its own (plain or speculative)."""
-        work = Work(reasoning)
-
-        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
-                think: Think) -> str:
-            tokens, stops = prompt(engine)
-            if not tokens:
-                raise InvalidParameter(parameter="prompt")
-            if speculative is not None:
-                reason, work.drafted, work.accepted = engine.speculate(
-                    tokens, params, stop, emit, drafter=drafter,
-                    draft_max=speculative.draft_max or DRAFT_MAX, extra_stops=stops,
-                    pace=self.pace, first=first)
-                return reason
-            return engine.generate(tokens, params, stop, emit, extra_stops=stops,
-                                   pace=self.pace, first=first,
-                                   logits_processor=self._processor(engine, compiled),
-                                   reasoning=reasoning, think=think)
-
-        work.run = run
-        return work
-
-    def _batched(self, batcher: "Batcher", engine: Engine,
-                 prompt: Callable[[Engine], tuple[list[int], tuple[str, ...]]], params: Params,
-                 compiled: "constrain.Constraint | None",
-                 reasoning: "Reasoning | None") -> "Work":
-        """A stream as one sequence of the model's shared batch (layout
-        batch): its worker thread submits it and waits, relaying a cancel."""
-        work = Work(reasoning)
-
-        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
-                think: Think) -> str:
-            tokens, stops = prompt(engine)
-            if not tokens:
-                raise InvalidParameter(parameter="prompt")
-            if len(tokens) >= batcher.n_ctx_seq:
-                raise Overflow(len(tokens), batcher.n_ctx_seq)
-            output = Output(engine.llama, emit, params.stop + stops, reasoning, think)
-            processors = [*(self._processor(engine, compiled) or ()),
-                          *([reasoning] if reasoning is not None else [])]
-
-            def on_token(token: int) -> bool:
-                if output.count == 0:
-                    first()
-                return output.token(token)
-
-            request = batcher.submit(
-                tokens, min(params.max_tokens, batcher.n_ctx_seq - len(tokens)),
-                temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                min_p=params.min_p, seed=params.seed, processors=processors,
-                on_token=on_token)
-            while not request.wait(0.05):
-                if stop.is_set():
-                    request.cancel()
-            if request.error is not None:
-                raise request.error
-            output.close()
-            return str(request.reason)
-
-        work.run = run
-        return work
-
-    async def _batcher(self, resident: Resident, options: Options) -> tuple["Batcher", Engine]:
-        """The model's shared decode batch, made on first use: `slots`
-        sequences of the configured window, and a small context of the same
-        model that tokenizes for it."""
-        async with self._loading:
-            if resident.batcher is not None and not resident.batcher.alive:
-                logger.error("the shared batch of %s stopped; making a new one", resident.name)
-                await asyncio.to_thread(resident.batcher.close)
-                resident.batcher = None
-            if resident.batcher is None:
-                from syntrop.runtimed.batch import Batcher, DecodeError
-
-                def make() -> tuple[Batcher, Engine]:
-                    engine = Engine.load(resident.fd, Options(n_ctx=64, n_batch=64,
-                                                              n_threads=1))
-                    try:
-                        batcher = Batcher(engine.llama, n_seq=self.config.slots,
-                                          n_ctx_seq=options.n_ctx,
-                                          n_batch=max(options.n_batch, self.config.slots),
-                                          threads=self.config.n_threads)
-                    except BaseException:
-                        engine.close()
-                        raise
-                    batcher.start()
-                    return batcher, engine
-
-                if resident.batch_engine is not None:
-                    await asyncio.to_thread(resident.batch_engine.close)
-                    resident.batch_engine = None
-                try:
-                    resident.batcher, resident.batch_engine = await asyncio.to_thread(make)
-                except (LoadError, DecodeError, ValueError) as error:
-                    raise InvalidModel(model=resident.name, reason="cannot make its shared "
-                                       f"batch ({self.config.slots} x {options.n_ctx} "
-                                       f"tokens): {error}") from None
-        assert resident.batch_engine is not None
-        return resident.batcher, resident.batch_engine
-
-    def _speculative(self, sampling: Sampling | None, params: Params,
-                     compiled: "constrain.Constraint | None") -> Speculative | None:
-        """The request's speculative decoding, checked."""
-        spec = sampling.speculative if sampling is not None else None
-        if spec is None:
-            return None
-        if spec.draft_max is not None and not 1 <= spec.draft_max <= MAX_DRAFT_MAX:
-            raise InvalidSampling(parameter="speculative.draft_max",
-                                  reason=f"1 to {MAX_DRAFT_MAX}")
-        if spec.draft is not None and (not spec.draft or len(spec.draft) > MAX_NAME
-                                       or "\0" in spec.draft):
-            raise InvalidParameter(parameter="sampling.speculative.draft")
-        if compiled is not None:
-            raise InvalidConstraint(reason="unsupported", message="a constraint cannot "
-                                    "follow speculative decoding yet: send one of them")
-        if params.reasoning_budget is not None:
-            raise InvalidSampling(parameter="speculative",
-                                  reason="not with a reasoning budget")
-        return spec
-
-    async def _drafter(self, spec: Speculative, target: Resident, engine: Engine,
-                       options: Options, held: contextlib.ExitStack) -> Any:
-        """Prompt lookup, or a draft model's context (held until the stream
-        ends) whose vocabulary was checked against the target's."""
-        from syntrop.runtimed import speculative as sp
-
-        if spec.draft is None:
-            return sp.PromptLookup()
-        draft = await self._resident(spec.draft)
-        held.callback(draft.release)
-        try:
-            draft_engine = await self._take(draft, options)
-        except LoadError as error:
-            raise InvalidModel(model=spec.draft, reason=error.reason) from None
-        held.callback(draft.give, options, draft_engine)
-
-        def check() -> Any:
-            for resident, llama in ((target, engine.llama), (draft, draft_engine.llama)):
-                if resident.vocabulary is None:
-                    resident.vocabulary = sp.vocabulary_digest(llama)
-            sp.check_vocabulary(engine.llama, draft_engine.llama,
-                                digests=(target.vocabulary, draft.vocabulary))
-            return sp.DraftModel(engine.llama, draft_engine.llama, checked=True)
-
-        try:
-            drafter = await asyncio.to_thread(check)
-        except sp.VocabularyMismatch as error:
-            raise VocabularyMismatch(draft=spec.draft, reason=error.reason) from None
-        held.callback(drafter.close)  # before its context goes back to the pool
-        return drafter
+    def _batch_left(resident: Resident) -> None:
+        resident.batch_running = max(0, (resident.batch_running or 1) - 1)
 
     @implements
     async def Complete(
@@ -796,10 +539,8 @@ class RuntimeService(Runtime1):
     ) -> AsyncIterator[AnnotatedResult]:
         if len(prompt) > MAX_TEXT:
             raise InvalidParameter(parameter="prompt")
-        async for reply in self._generate(
-            model, sampling, lambda engine: (engine.tokenize(prompt, add_bos=True), ()),
-            constraint,
-        ):
+        async for reply in self._generate(model, sampling, {"prompt": prompt}, constraint,
+                                          "Complete"):
             yield reply
 
     @implements
@@ -811,9 +552,9 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="messages")
         if any(m.role not in ROLES or len(m.content) > MAX_TEXT for m in messages):
             raise InvalidParameter(parameter="messages")
-        turns = [(m.role, m.content) for m in messages]
-        async for reply in self._generate(model, sampling,
-                                          lambda engine: engine.chat_prompt(turns), constraint):
+        turns = [[m.role, m.content] for m in messages]
+        async for reply in self._generate(model, sampling, {"messages": turns}, constraint,
+                                          "Chat"):
             yield reply
 
     @implements
@@ -821,21 +562,18 @@ class RuntimeService(Runtime1):
         if not input or len(input) > MAX_INPUTS or any(len(t) > MAX_TEXT for t in input):
             raise InvalidParameter(parameter="input")
         options = self._options(embedding=True)
-        resident = await self._resident(model)
+        resident = await self._hold(model)
         try:
             await self._slot()
             try:
-                engine = await asyncio.to_thread(resident.take, options)
-                try:
-                    vectors = await asyncio.to_thread(engine.embed, input, self.pace)
-                except Overflow as error:
-                    raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
-                finally:
-                    resident.give(options, engine)
+                result = await self._call(resident, "embed",
+                                          {"input": input, "options": asdict(options)},
+                                          label="Embed")
             finally:
                 self.slots.release()
         finally:
             resident.release()
+        vectors = result["vectors"]
         return {"embeddings": [Embedding(vector=v) for v in vectors],
                 "dimensions": len(vectors[0]) if vectors else 0}
 
@@ -843,111 +581,98 @@ class RuntimeService(Runtime1):
 
     def _session(self, session_id: str) -> sessions_mod.Session[Seat]:
         try:
-            return self.table.get(session_id)
+            session = self.table.get(session_id)
         except UnknownSession:
             raise SessionNotFound(session_id=session_id) from None
         except StaleSession as error:
             raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
+        self._check_lost(session)
+        return session
+
+    @staticmethod
+    def _check_lost(session: sessions_mod.Session[Seat]) -> None:
+        if session.engine.lost is not None:
+            raise SessionLost(session_id=session.session_id, model=session.model,
+                              reason=f"its engine {session.engine.lost}")
 
     async def _free(self, session: sessions_mod.Session[Seat]) -> None:
-        """Close a removed session's context (after any generation on it) and
-        free its slot, or drop its spilled state; release its model."""
+        """Close a removed session's context (after any call on it) and free
+        its slot, or drop its spilled state; release its model."""
         seat = session.engine
         async with seat.lock:
-            engine, seat.engine = seat.engine, None
-            if engine is None:
-                await asyncio.to_thread(self.spill.drop, session.session_id)
-            else:
-                def work() -> None:
-                    with engine.lock:
-                        engine.close()
-
+            if seat.lost is None:
+                if not seat.in_worker:
+                    await asyncio.to_thread(self.spill.drop, session.session_id)
                 try:
-                    await asyncio.to_thread(work)
+                    # The worker keeps a spilled seat's adapter: it forgets both.
+                    await self._call(seat.resident, "close", {"session": session.session_id},
+                                     label="Close")
+                except EngineCrashed:
+                    pass  # gone with its worker
                 finally:
-                    self.slots.release()
-            if seat.lora_fd is not None:
-                os.close(seat.lora_fd)
-                seat.lora_fd = None
-        if session.model in self.models:
-            self.models[session.model].release()
+                    if seat.in_worker:
+                        seat.in_worker = False
+                        self.slots.release()
+            if not seat.released:
+                seat.released = True
+                seat.resident.release()
 
     @implements
     async def OpenSession(
         self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None
     ) -> OpenSessionResult:
-        if not owner_instance_id or len(owner_instance_id) > MAX_NAME:
+        if not owner_instance_id or len(owner_instance_id) > 256:
             raise InvalidParameter(parameter="owner_instance_id")
         options = self._options(config)
-        window = self._window(config, options.n_ctx)
+        sinks, journal = self._window(config, options.n_ctx)
         lora = config.lora if config else None
         scale = config.lora_scale if config and config.lora_scale is not None else 1.0
         if not 0.0 <= scale <= 4.0:
             raise InvalidParameter(parameter="config.lora_scale")
         lora_fd = await self._adapter(lora) if lora is not None else None
+        session_id = secrets.token_hex(16)
         try:
-            resident = await self._resident(model)
-        except BaseException:
-            if lora_fd is not None:
-                os.close(lora_fd)
-            raise
-        try:
-            for ended in self.table.fence(owner_instance_id):
-                logger.info("session %s ended by a takeover", ended.session_id)
-                await self._free(ended)
-            await self._slot()
+            resident = await self._hold(model)
             try:
-                engine = await asyncio.to_thread(Engine.load, resident.fd, options)
+                for ended in self.table.fence(owner_instance_id):
+                    logger.info("session %s ended by a takeover", ended.session_id)
+                    await self._free(ended)
+                await self._slot()
+                try:
+                    result = await self._call(
+                        resident, "open", {"session": session_id, "options": asdict(options),
+                                           "lora": lora, "lora_scale": scale, "sinks": sinks},
+                        [lora_fd] if lora_fd is not None else [], label="OpenSession")
+                except BaseException:
+                    self.slots.release()
+                    raise
             except BaseException:
-                self.slots.release()
+                resident.release()
                 raise
-            if lora_fd is not None:
-                await self._attach(engine, lora or "", lora_fd, scale)
-            if window is not None and not engine.can_shift():
-                await asyncio.to_thread(engine.close)
-                self.slots.release()
-                raise ShiftUnsupported(model=model)
-        except LoadError as error:
-            resident.release()
-            raise InvalidModel(model=model, reason=error.reason) from None
-        except BaseException:
-            resident.release()
+        finally:
             if lora_fd is not None:
                 os.close(lora_fd)
-            raise
-        seat = Seat(options=options, engine=engine, n_ctx=engine.n_ctx, lora_fd=lora_fd,
-                    lora_scale=scale, window=window)
-        session = self.table.add(owner=owner_instance_id, model=model, engine=seat,
-                                 add_bos=not (config and config.disable_bos))
-        return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
+        seat = Seat(options=options, n_ctx=int(result["n_ctx"]), resident=resident, lora=lora,
+                    sinks=sinks, journal=journal)
+        self.table.add(owner=owner_instance_id, model=model, engine=seat,
+                       add_bos=not (config and config.disable_bos), session_id=session_id)
+        return {"session_id": session_id, "owner_instance_id": owner_instance_id}
 
     @staticmethod
-    def _window(config: SessionConfig | None, n_ctx: int) -> "Window | None":
-        """A session's sliding window, when its configuration asks for sinks."""
+    def _window(config: SessionConfig | None, n_ctx: int) -> tuple[int | None, "Journal | None"]:
+        """A session's sinks and journal, when its configuration asks for them."""
         if config is None or config.sinks is None:
             if config is not None and config.journal_bytes is not None:
                 raise InvalidParameter(parameter="config.journal_bytes")
-            return None
+            return None, None
         if not 0 <= config.sinks <= n_ctx // 2:
             raise InvalidParameter(parameter="config.sinks")
         size = JOURNAL_BYTES if config.journal_bytes is None else config.journal_bytes
         if not 1 <= size <= MAX_JOURNAL_BYTES:
             raise InvalidParameter(parameter="config.journal_bytes")
-        from syntrop.runtimed.sinks import Journal, Window
+        from syntrop.runtimed.sinks import Journal
 
-        return Window(sinks=config.sinks, journal=Journal(size))
-
-    async def _attach(self, engine: Engine, name: str, fd: int, scale: float) -> None:
-        """Apply a session's adapter to its new context, or close the context,
-        free the slot and answer AdapterMismatch."""
-        from syntrop.runtimed.lora import AdapterError
-
-        try:
-            await asyncio.to_thread(engine.attach_lora, fd, scale)
-        except AdapterError as error:
-            await asyncio.to_thread(engine.close)
-            self.slots.release()
-            raise AdapterMismatch(adapter=name, reason=error.reason[:512]) from None
+        return config.sinks, Journal(size)
 
     @implements
     async def EnsurePrefix(
@@ -958,36 +683,28 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="text")
         key = asdict(manifest)
         digest = sessions_mod.manifest_digest(key)
-        engine = await self._wake(session)
-
-        def work() -> sessions_mod.Plan:
-            with engine.lock:
-                tokens = engine.tokenize(text, add_bos=session.add_bos)
-                engine.check_fits(len(tokens))
-                plan = sessions_mod.plan_prefix(engine.resident(), session.manifest_digest,
-                                                tokens, digest)
-                engine.prefill(plan.reused, plan.prefill, self.pace)
-                session.prefix_tokens = len(tokens)
-                session.stable_token_hash = sessions_mod.token_hash(tokens)
-                return plan
-
+        seat = session.engine
+        await self._wake(session)
         try:
-            plan = await asyncio.to_thread(work)
-        except Overflow as error:
-            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            result = await self._call(seat.resident, "prefix", {
+                "session": session_id, "text": text, "add_bos": session.add_bos,
+                "current_digest": session.manifest_digest, "digest": digest},
+                label="EnsurePrefix")
         finally:
             self._rest(session)
+        session.prefix_tokens = int(result["prefix_tokens"])
+        session.stable_token_hash = str(result["token_hash"])
+        seat.resident_tokens = int(result["resident"])
         session.manifest, session.manifest_digest = key, digest
         session.stable_byte_hash = sessions_mod.sha256_hex(text.encode())
-        if session.engine.window is not None:
-            session.engine.window.prefix_cut = False
+        seat.prefix_cut = False
         return {
-            "reused_tokens": plan.reused,
-            "prefilled_tokens": len(plan.prefill),
-            "dropped_tokens": plan.dropped,
+            "reused_tokens": int(result["reused"]),
+            "prefilled_tokens": int(result["prefilled"]),
+            "dropped_tokens": int(result["dropped"]),
             "prefix_tokens": session.prefix_tokens,
             "resident_tokens": session.prefix_tokens,
-            "available_tokens": engine.n_ctx - session.prefix_tokens,
+            "available_tokens": seat.n_ctx - session.prefix_tokens,
             "stable_byte_hash": session.stable_byte_hash,
             "stable_token_hash": session.stable_token_hash,
             "manifest_digest": digest,
@@ -998,37 +715,31 @@ class RuntimeService(Runtime1):
         self, *, session_id: str, text: str, manifest: ContextManifest
     ) -> SuffixStatus:
         session = self._session(session_id)
-        window = session.engine.window
-        if session.manifest_digest is None or (window is not None and window.prefix_cut):
+        seat = session.engine
+        if session.manifest_digest is None or seat.prefix_cut:
             # No prefix yet, or a shift dropped part of it: EnsurePrefix first.
             raise NoPrefix(session_id=session_id)
         if sessions_mod.manifest_digest(asdict(manifest)) != session.manifest_digest:
             raise InvalidParameter(parameter="manifest")
         if len(text) > MAX_TEXT:
             raise InvalidParameter(parameter="text")
-        engine = await self._wake(session)
-        if session.manifest_digest is None:  # restored cold
-            self._rest(session)
-            raise NoPrefix(session_id=session_id)
-
-        def work() -> int:
-            with engine.lock:
-                tokens = engine.tokenize(text, add_bos=False)
-                engine.prefill(session.prefix_tokens, tokens, self.pace)
-                return len(tokens)
-
+        await self._wake(session)
         try:
-            count = await asyncio.to_thread(work)
-        except Overflow as error:
-            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            if session.manifest_digest is None:  # restored cold
+                raise NoPrefix(session_id=session_id)
+            result = await self._call(seat.resident, "suffix", {
+                "session": session_id, "text": text, "prefix_tokens": session.prefix_tokens},
+                label="PrefillSuffix")
         finally:
             self._rest(session)
+        count = int(result["count"])
+        seat.resident_tokens = int(result["resident"])
         resident = session.prefix_tokens + count
         return {
             "suffix_tokens": count,
             "prefix_tokens": session.prefix_tokens,
             "resident_tokens": resident,
-            "available_tokens": engine.n_ctx - resident,
+            "available_tokens": seat.n_ctx - resident,
             "manifest_digest": session.manifest_digest,
         }
 
@@ -1043,67 +754,49 @@ class RuntimeService(Runtime1):
             raise NoPrefix(session_id=session_id)
         compiled = await self._constraint(constraint)
         seat = session.engine
-        window = seat.window
-        # With sinks a Decode may run past the window (engine.generate says
-        # when it cannot: a constraint or a reasoning budget stops at its end).
-        limit = MAX_STREAM_TOKENS if window is not None else seat.n_ctx
+        # With sinks a Decode may run past the window (the worker says when
+        # it cannot: a constraint or a reasoning budget stops at its end).
+        limit = MAX_STREAM_TOKENS if seat.sinks is not None else seat.n_ctx
         params = self._bounded(self._params(sampling, limit), compiled, seat.n_ctx)
         self._thinking(params, compiled)
         speculative = self._speculative(sampling, params, compiled)
         held = contextlib.ExitStack()
-        engine = await self._wake(session)
+        await self._wake(session)
         held.callback(self._rest, session)
         try:
             if session.manifest_digest is None:  # restored cold
                 raise NoPrefix(session_id=session_id)
-            reasoning = self._reasoning(engine, params)
-            drafter = None if speculative is None else await self._drafter(
-                speculative, self.models[session.model], engine, seat.options, held)
+            if speculative is not None and speculative.draft is not None:
+                await self._draft(seat.resident, speculative.draft)
+            call = self._open(seat.resident, "decode",
+                              {"session": session_id,
+                               **self._decoding(params, compiled, speculative)},
+                              label="Decode")
         except BaseException:
             held.close()
             raise
-        work = Work(reasoning)
 
-        def run(stop: threading.Event, emit: Emit, first: Callable[[], None],
-                think: Think) -> str:
-            if window is not None:
-                def emit(text: str, tokens: int, emit: Emit = emit) -> None:
-                    window.journal.append(text)
-                    emit(text, tokens)
-            try:
-                with engine.lock:
-                    if speculative is not None:
-                        if window is not None and len(engine.continuation()) >= engine.n_ctx:
-                            engine.shift(window, 2)  # room to go on; drafts fit the rest
-                        reason, work.drafted, work.accepted = engine.speculate(
-                            engine.continuation(), params, stop, emit, drafter=drafter,
-                            draft_max=speculative.draft_max or DRAFT_MAX, pace=self.pace,
-                            first=first)
-                        return reason
-                    return engine.generate(
-                        engine.continuation(), params, stop, emit, pace=self.pace, first=first,
-                        logits_processor=self._processor(engine, compiled),
-                        reasoning=reasoning, think=think, window=window)
-            finally:
-                if window is not None:
-                    work.shifted = window.take_shifted()
+        def on_result(result: dict[str, Any]) -> None:
+            seat.resident_tokens = int(result.get("resident", seat.resident_tokens))
+            shifted = int(result.get("shifted_tokens") or 0)
+            if seat.sinks is not None and shifted:
+                seat.shifted += shifted
+                if session.prefix_tokens > seat.sinks:
+                    # Only the sinks of the prefix are still resident.
+                    session.prefix_tokens = seat.sinks
+                    seat.prefix_cut = True
 
-        def after() -> None:  # on the loop, once the worker has ended
-            if window is not None and work.shifted and session.prefix_tokens > window.sinks:
-                # Only the sinks of the prefix are still resident.
-                session.prefix_tokens = window.sinks
-                window.prefix_cut = True
-
-        held.callback(after)
-        work.run = run
-        async for reply in self._stream(work.run, held.close, received, work.final):
+        journal = seat.journal
+        async for reply in self._stream(seat.resident, call, held.close, received,
+                                        on_text=journal.append if journal is not None else None,
+                                        on_result=on_result):
             yield reply
 
     @implements
     def ExplainContext(self, *, session_id: str) -> ContextReport:
         session = self._session(session_id)
         seat = session.engine
-        resident = len(seat.engine.resident()) if seat.engine else seat.spilled_tokens
+        resident = seat.resident_tokens if seat.in_worker else seat.spilled_tokens
         manifest = ContextManifest(**session.manifest) if session.manifest else None
         return {
             "resident_tokens": resident,
@@ -1115,9 +808,9 @@ class RuntimeService(Runtime1):
             "manifest_digest": session.manifest_digest or "",
             "manifest": manifest,
             "closed": session.closed,
-            "shifted_tokens": seat.window.shifted if seat.window else None,
-            "journal": seat.window.journal.text() if seat.window else None,
-            "journal_total_bytes": seat.window.journal.total if seat.window else None,
+            "shifted_tokens": seat.shifted if seat.sinks is not None else None,
+            "journal": seat.journal.text() if seat.journal is not None else None,
+            "journal_total_bytes": seat.journal.total if seat.journal is not None else None,
         }
 
     @implements
@@ -1128,20 +821,23 @@ class RuntimeService(Runtime1):
             raise SessionNotFound(session_id=session_id) from None
         except StaleSession as error:
             raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
-
         await self._free(session)
+
+    # load and engine ------------------------------------------------------------
 
     @implements
     def GetLoad(self) -> LoadResult:
         now = time.monotonic()
         models = []
         for name, m in sorted(self.models.items()):
-            sessions = sum(s.model == name for s in self.table)
+            sessions = sum(s.engine.resident is m for s in self.table)
             # Each open session holds its model once; the rest are requests.
+            batch_free = None if m.batch_running is None else \
+                max(0, self.config.slots - m.batch_running)
             models.append(LoadedModel(name=name, resident_bytes=m.size,
                                       busy=max(0, m.busy - sessions), sessions=sessions,
-                                      keep_alive_s=self._keep_alive_left(name, m, now),
-                                      batch_free=m.batcher.free_slots if m.batcher else None))
+                                      keep_alive_s=self._keep_alive_left(m, now),
+                                      batch_free=batch_free))
         return {
             "free_slots": self.slots.free,
             "total_slots": self.slots.total,
@@ -1152,17 +848,49 @@ class RuntimeService(Runtime1):
             "spilled_sessions": len(self.spill),
         }
 
+    @implements
+    async def GetEngine(self) -> EngineResult:
+        choice = await self.engine()
+        now = time.monotonic()
+        workers: list[EngineWorker] = []
+        crashes = self.residency.crashes
+        window = self.config.crash_window
+        for name in sorted(set(self.models) | set(crashes)):
+            resident = self.models.get(name)
+            record = crashes.get(name)
+            recent = [t for t in record.times if now - t <= window] if record else []
+            retry = None
+            state = "running"
+            if resident is None:
+                state = "crashed"
+                if self.config.crash_limit and len(recent) >= self.config.crash_limit:
+                    state, retry = "failing", round(max(0.0, recent[0] + window - now), 1)
+                elif not recent:
+                    continue  # crashed long ago, not running now: nothing to say
+            worker = resident.worker if resident is not None else None
+            last = record.last if record else None
+            workers.append(EngineWorker(
+                model=name, pid=worker.pid if worker else None, state=state,
+                started_at=worker.started if worker else None,
+                calls=worker.served if worker else 0, crashes=len(recent),
+                last_exit=last.describe() if last else None,
+                last_signal=last.signal if last else None,
+                last_calls=list(record.last_calls) if record else [], retry_after_s=retry))
+        info = next((r.worker.system_info for r in self.models.values() if r.worker.system_info),
+                    None)
+        return {
+            "cpu": choice.cpu, "build": choice.build, "variant": choice.variant,
+            "variants": [EngineVariant(name=n, score=s) for n, s in
+                         sorted(choice.scores.items(), key=lambda item: -item[1])],
+            "amx": choice.amx.detail, "extra_buffer_types": choice.extra_bufts,
+            "reason": choice.reason, "system_info": info, "workers": workers,
+        }
+
     async def aclose(self) -> None:
-        """Wait for running generations, then free every context and fd."""
+        """Stop every worker and drop spilled state."""
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._workers:
-            await asyncio.gather(*self._workers, return_exceptions=True)
         for session in self.table:
             self.table.remove(session.session_id)
-            if session.engine.engine is not None:
-                await asyncio.to_thread(session.engine.engine.close)
         await asyncio.to_thread(self.spill.clear)
-        for resident in self.models.values():
-            await asyncio.to_thread(resident.close)
-        self.models.clear()
+        await self.residency.close()

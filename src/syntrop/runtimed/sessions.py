@@ -135,8 +135,9 @@ class SessionTable(Generic[E]):
             del self._stale[next(iter(self._stale))]
         return ended
 
-    def add(self, *, owner: str, model: str, engine: E, add_bos: bool = True) -> Session[E]:
-        session = Session(session_id=secrets.token_hex(16), owner=owner, model=model,
+    def add(self, *, owner: str, model: str, engine: E, add_bos: bool = True,
+            session_id: str | None = None) -> Session[E]:
+        session = Session(session_id=session_id or secrets.token_hex(16), owner=owner, model=model,
                           engine=engine, add_bos=add_bos)
         self._sessions[session.session_id] = session
         return session

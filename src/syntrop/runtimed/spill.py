@@ -2,97 +2,161 @@
 memory up to a byte budget and in files beyond it, so their slots can serve
 others and the sessions come back warm.
 
-Blocking (files): the service calls `put` and `take` in worker threads. File
-format: the token count (8 bytes, little-endian), the tokens (4 bytes each),
-then llama.cpp's sequence state.
+A session's context lives in its model's engine worker; spilling it there
+writes the state into a memfd (`write_saved`) that the worker hands to
+runtimed, which keeps it here: the memfd itself while the budget allows,
+else a file under the state directory it is copied into. Restoring hands
+the descriptor back to a worker, which reads it (`read_saved`). Format, the
+same in memory and in files: the token count (8 bytes, little-endian), the
+tokens (4 bytes each), then llama.cpp's sequence state.
+
+Blocking (copies): the service calls `put`, `take` and `flush` in threads.
 """
 
+import os
 import sys
 import threading
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 
 from syntrop.runtimed.engine import Saved
+
+#: Bytes copied per call when a memfd moves to a file.
+CHUNK = 1 << 22
+
+
+def write_saved(fd: int, saved: Saved) -> None:
+    """Write `saved` at the start of `fd` (in the spill format)."""
+    tokens = _little(array("i", saved.tokens))
+    view = memoryview(len(saved.tokens).to_bytes(8, "little") + tokens.tobytes() + saved.data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
+
+
+def read_saved(fd: int) -> Saved:
+    """The state written by `write_saved` (ValueError when it is damaged)."""
+    size = os.fstat(fd).st_size
+    blob = os.pread(fd, size, 0) if size else b""
+    if len(blob) < 8:
+        raise ValueError("spilled state: truncated")
+    count = int.from_bytes(blob[:8], "little")
+    if 8 + 4 * count > len(blob):
+        raise ValueError("spilled state: truncated token list")
+    tokens = array("i")
+    tokens.frombytes(blob[8:8 + 4 * count])
+    return Saved(tokens=_little(tokens).tolist(), data=blob[8 + 4 * count:])
+
+
+@dataclass(slots=True)
+class _Held:
+    fd: int | None  # the memfd, while in memory
+    size: int
+    path: Path | None = None
 
 
 class SpillStore:
     def __init__(self, directory: Path, ram_budget: int) -> None:
         self.directory = directory
         self.ram_budget = ram_budget
-        self._ram: dict[str, Saved] = {}
-        self._files: dict[str, Path] = {}
+        self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         # Files left by an earlier process belong to sessions that ended with it.
         for stale in directory.glob("*.kv") if directory.is_dir() else ():
             stale.unlink(missing_ok=True)
 
     def __len__(self) -> int:
-        return len(self._ram) + len(self._files)
+        return len(self._held)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._ram or key in self._files
+        return key in self._held
 
     @property
     def ram_bytes(self) -> int:
-        return sum(len(s.data) for s in self._ram.values())
+        return sum(h.size for h in self._held.values() if h.fd is not None)
 
     def on_disk(self, key: str) -> Path | None:
-        return self._files.get(key)
+        held = self._held.get(key)
+        return held.path if held is not None else None
 
-    def put(self, key: str, saved: Saved) -> None:
-        """Keep `saved` under `key`: in memory if the budget allows, else in a file."""
+    def put(self, key: str, fd: int) -> None:
+        """Keep the state behind `fd` (a memfd; the store owns it from now
+        on) under `key`: in memory if the budget allows, else in a file."""
+        size = os.fstat(fd).st_size
         with self._lock:
-            if self.ram_bytes + len(saved.data) <= self.ram_budget:
-                self._ram[key] = saved
+            self._drop_locked(key)
+            if self.ram_bytes + size <= self.ram_budget:
+                self._held[key] = _Held(fd, size)
                 return
-        self._write(key, saved)
+        try:
+            path = self._write(key, fd, size)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._held[key] = _Held(None, size, path)
 
     def flush(self) -> int:
         """Move every state held in memory to its file (memory pressure);
         the bytes moved."""
         with self._lock:
-            held, self._ram = self._ram, {}
-        for key, saved in held.items():
-            self._write(key, saved)
-        return sum(len(saved.data) for saved in held.values())
+            in_memory = {k: h for k, h in self._held.items() if h.fd is not None}
+        moved = 0
+        for key, held in in_memory.items():
+            assert held.fd is not None
+            path = self._write(key, held.fd, held.size)
+            with self._lock:
+                if self._held.get(key) is held:
+                    os.close(held.fd)
+                    held.fd, held.path = None, path
+                    moved += held.size
+                else:  # taken or dropped meanwhile
+                    path.unlink(missing_ok=True)
+        return moved
 
-    def _write(self, key: str, saved: Saved) -> None:
+    def _write(self, key: str, fd: int, size: int) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = self.directory / f"{key}.kv"
-        tokens = _little(array("i", saved.tokens))
-        with path.open("wb") as file:
-            file.write(len(saved.tokens).to_bytes(8, "little"))
-            file.write(tokens.tobytes())
-            file.write(saved.data)
-        with self._lock:
-            self._files[key] = path
-
-    def take(self, key: str) -> Saved:
-        """The state under `key`, removed from the store (KeyError if none)."""
-        with self._lock:
-            saved = self._ram.pop(key, None)
-            path = None if saved is not None else self._files.pop(key)
-        if saved is not None:
-            return saved
-        assert path is not None
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            blob = path.read_bytes()
+            offset = 0
+            while offset < size:  # memfd (tmpfs) to the state directory's filesystem
+                copied = os.sendfile(out, fd, offset, min(CHUNK, size - offset))
+                if copied == 0:
+                    break
+                offset += copied
         finally:
-            path.unlink(missing_ok=True)
-        count = int.from_bytes(blob[:8], "little")
-        tokens = array("i")
-        tokens.frombytes(blob[8:8 + 4 * count])
-        return Saved(tokens=_little(tokens).tolist(), data=blob[8 + 4 * count:])
+            os.close(out)
+        return path
+
+    def take(self, key: str) -> int:
+        """A descriptor of the state under `key`, removed from the store
+        (KeyError if none); the caller closes it."""
+        with self._lock:
+            held = self._held.pop(key)
+        if held.fd is not None:
+            return held.fd
+        assert held.path is not None
+        try:
+            return os.open(held.path, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            held.path.unlink(missing_ok=True)
 
     def drop(self, key: str) -> None:
         with self._lock:
-            self._ram.pop(key, None)
-            path = self._files.pop(key, None)
-        if path is not None:
-            path.unlink(missing_ok=True)
+            self._drop_locked(key)
+
+    def _drop_locked(self, key: str) -> None:
+        held = self._held.pop(key, None)
+        if held is None:
+            return
+        if held.fd is not None:
+            os.close(held.fd)
+        if held.path is not None:
+            held.path.unlink(missing_ok=True)
 
     def clear(self) -> None:
-        for key in list(self._ram) + list(self._files):
+        for key in list(self._held):
             self.drop(key)
 
 

@@ -1,8 +1,10 @@
-"""Resident models' pools of idle contexts (no llama.cpp: contexts are
-stand-ins that record being closed)."""
+"""A worker's pools of idle contexts (no llama.cpp: contexts are stand-ins
+that record being closed)."""
+
+import os
 
 from syntrop.runtimed.engine import Options
-from syntrop.runtimed.models import Resident
+from syntrop.runtimed.host import Pool
 
 
 class Context:
@@ -14,14 +16,15 @@ class Context:
 
 
 def test_trim_closes_the_idle_contexts_only() -> None:
-    resident = Resident(name="m", fd=-1, digest="0" * 64, size=1)
+    pool = Pool(name="m", fd=os.open("/dev/null", os.O_RDONLY))
     small, large = Options(n_ctx=64), Options(n_ctx=4096)
     idle = [Context(), Context(), Context()]
-    resident.give(small, idle[0])  # type: ignore[arg-type]
-    resident.give(small, idle[1])  # type: ignore[arg-type]
-    resident.give(large, idle[2])  # type: ignore[arg-type]
-    in_use = resident.take_idle(small)
-    assert resident.trim() == 2
+    pool.give(small, idle[0])  # type: ignore[arg-type]
+    pool.give(small, idle[1])  # type: ignore[arg-type]
+    pool.give(large, idle[2])  # type: ignore[arg-type]
+    in_use = pool.take_idle(small)
+    assert pool.trim() == 2
     assert in_use is idle[1] and not idle[1].closed  # type: ignore[comparison-overlap]
     assert idle[0].closed and idle[2].closed
-    assert resident.take_idle(small) is None and resident.trim() == 0
+    assert pool.take_idle(small) is None and pool.trim() == 0
+    pool.close()

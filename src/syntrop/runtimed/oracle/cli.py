@@ -18,8 +18,8 @@ def _from_modeld(name: str) -> tuple[int, str]:
     message for the user."""
     from syntrop.config import paths
     from syntrop.interfaces import model as contract
-    from syntrop.runtimed.engine import verify as sha256
     from syntrop.runtimed.models import open_in_modeld
+    from syntrop.runtimed.models import sha256_of as sha256
 
     try:
         fd, digest, _ = asyncio.run(open_in_modeld(paths().socket(contract.Model1.name), name,

@@ -1,0 +1,597 @@
+"""One model's engine, inside its worker process (worker.py).
+
+A Host holds everything of llama.cpp that belongs to one model: the
+verified descriptor, a pool of idle contexts for stateless requests, the
+shared decode batch (layout batch), draft models for speculative decoding,
+and the context of each session opened on the model. runtimed's Varlink
+face (service.py) decides who may run and when (slots, queue, keep-alive,
+spills); the host only runs what it is sent.
+
+Every method blocks (the worker calls it on a thread of its own) and takes
+and returns plain JSON values; declared failures are raised as the
+Runtime1 errors the client will see, so the worker hands them on as they
+are. Streams get a `Sink`: `emit` for text, `think` for thinking text,
+`first` when the first token is sampled, and `stop`, set when runtimed
+cancels the call.
+"""
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from syntrop.interfaces.runtime import (
+    AdapterMismatch,
+    ContextOverflow,
+    InvalidConstraint,
+    InvalidModel,
+    InvalidSampling,
+    SessionNotFound,
+    ShiftUnsupported,
+    VocabularyMismatch,
+)
+from syntrop.runtimed import sessions as sessions_mod
+from syntrop.runtimed.engine import Engine, EngineError, LoadError, Options, Output, Overflow
+from syntrop.runtimed.layout import Pace
+from syntrop.runtimed.sampling import Params
+from syntrop.runtimed.spill import read_saved, write_saved
+from syntrop.varlink import InvalidParameter
+
+if TYPE_CHECKING:
+    from syntrop.runtimed import constrain
+    from syntrop.runtimed.batch import Batcher
+    from syntrop.runtimed.reasoning import Reasoning
+    from syntrop.runtimed.sinks import Window
+
+logger = logging.getLogger(__name__)
+
+#: Default tokens drafted per speculative step.
+DRAFT_MAX = 8
+Prompt = Callable[[Engine], tuple[list[int], tuple[str, ...]]]
+
+
+class Sink(Protocol):
+    """Where a stream's pieces go (worker.py sends them to runtimed)."""
+
+    stop: threading.Event
+
+    def emit(self, text: str, tokens: int) -> None: ...
+    def think(self, text: str, tokens: int) -> None: ...
+    def first(self) -> None: ...
+
+
+def options_from(value: dict[str, Any]) -> Options:
+    return Options(**value)
+
+
+def params_from(value: dict[str, Any]) -> Params:
+    return Params(**{**value, "stop": tuple(value.get("stop", ()))})
+
+
+def wire_params(params: Params) -> dict[str, Any]:
+    return {**asdict(params), "stop": list(params.stop)}
+
+
+@dataclass(slots=True, kw_only=True)
+class Pool:
+    """A model's verified descriptor and its idle contexts, by options."""
+
+    name: str
+    fd: int
+    idle: dict[Options, list[Engine]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Layout batch: the model's shared decode batch (batch.Batcher) and the
+    #: small context that tokenizes for it.
+    batcher: Any = None
+    batch_engine: Engine | None = None
+    #: SHA-256 over the vocabulary (speculative.vocabulary_digest), once.
+    vocabulary: str | None = None
+
+    @classmethod
+    def open(cls, name: str, fd: int) -> "Pool":
+        """Take ownership of `fd` once llama.cpp has loaded it (a non-GGUF or
+        truncated file is InvalidModel); closes `fd` on failure."""
+        try:
+            probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
+        except LoadError as error:
+            os.close(fd)
+            raise InvalidModel(model=name, reason=error.reason) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        probe.close()
+        return cls(name=name, fd=fd)
+
+    def take_idle(self, options: Options) -> Engine | None:
+        """An idle context with these options, if there is one (no blocking)."""
+        with self.lock:
+            pool = self.idle.get(options)
+            return pool.pop() if pool else None
+
+    def take(self, options: Options) -> Engine:
+        """An idle context with these options, or a newly loaded one."""
+        engine = self.take_idle(options)
+        if engine is not None:
+            return engine
+        try:
+            return Engine.load(self.fd, options)
+        except LoadError as error:
+            raise InvalidModel(model=self.name, reason=error.reason) from None
+
+    def give(self, options: Options, engine: Engine) -> None:
+        with self.lock:
+            self.idle.setdefault(options, []).append(engine)
+
+    def trim(self) -> int:
+        """Close the idle contexts kept for later requests; how many."""
+        with self.lock:
+            pools, self.idle = self.idle, {}
+        engines = [engine for pool in pools.values() for engine in pool]
+        for engine in engines:
+            engine.close()
+        return len(engines)
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
+        if self.batch_engine is not None:
+            self.batch_engine.close()
+            self.batch_engine = None
+        self.trim()
+        os.close(self.fd)
+
+
+@dataclass(slots=True, kw_only=True)
+class Seat:
+    """A session's context in this worker (None while spilled)."""
+
+    options: Options
+    engine: Engine | None
+    lora_fd: int | None = None
+    lora_scale: float = 1.0
+    #: With sinks: the sliding window (runtimed keeps the journal).
+    window: "Window | None" = None
+
+
+@dataclass(slots=True)
+class Counts:
+    """What a stream's last chunk reports besides its text."""
+
+    reasoning: "Reasoning | None" = None
+    drafted: int | None = None
+    accepted: int | None = None
+    shifted: int | None = None
+
+    def extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"drafted_tokens": self.drafted,
+                                 "accepted_tokens": self.accepted,
+                                 "shifted_tokens": self.shifted}
+        if self.reasoning is not None:
+            extra.update(thinking_tokens=self.reasoning.thinking_tokens,
+                         answer_tokens=self.reasoning.answer_tokens)
+        return extra
+
+
+def _constraint(value: dict[str, Any] | None) -> "constrain.Constraint | None":
+    """The constraint runtimed compiled (and checked) for this request."""
+    if value is None:
+        return None
+    from syntrop.runtimed.constrain import Constraint
+
+    return Constraint(**value)
+
+
+def _processor(engine: Engine, compiled: "constrain.Constraint | None") -> Any:
+    return None if compiled is None else engine.guide(compiled)
+
+
+def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
+    """The request's thinking budget on `engine`, or InvalidSampling for a
+    model without single-token thinking markers."""
+    if params.reasoning_budget is None:
+        return None
+    from syntrop.runtimed.reasoning import ReasoningError
+
+    try:
+        return engine.reasoning(params.reasoning_budget)
+    except ReasoningError as error:
+        raise InvalidSampling(parameter="reasoning_budget", reason=error.reason) from None
+
+
+class Host:
+    """One model's contexts, batch, drafts and sessions in this worker."""
+
+    def __init__(self, pace: Pace, *, layout: str, slots: int, n_threads: int) -> None:
+        self.pace = pace
+        self.layout = layout
+        self.slots = slots
+        self.n_threads = n_threads
+        self.model: Pool | None = None
+        self.drafts: dict[str, Pool] = {}
+        self.seats: dict[str, Seat] = {}
+        self._lock = threading.Lock()
+
+    # models -------------------------------------------------------------------
+
+    def load(self, name: str, fd: int) -> dict[str, Any]:
+        if self.model is not None:
+            os.close(fd)
+            raise InvalidParameter(parameter="model")
+        self.model = Pool.open(name, fd)
+        return {}
+
+    def load_draft(self, name: str, fd: int) -> dict[str, Any]:
+        with self._lock:
+            known = name in self.drafts
+        if known:
+            os.close(fd)
+            return {}
+        pool = Pool.open(name, fd)
+        with self._lock:
+            self.drafts[name] = pool
+        return {}
+
+    def _pool(self) -> Pool:
+        if self.model is None:
+            raise InvalidParameter(parameter="model")
+        return self.model
+
+    def trim(self) -> dict[str, Any]:
+        pools = [self._pool(), *self.drafts.values()]
+        return {"closed": sum(pool.trim() for pool in pools)}
+
+    def close(self) -> None:
+        for seat in list(self.seats.values()):
+            if seat.engine is not None:
+                seat.engine.close()
+        self.seats.clear()
+        for pool in [*self.drafts.values(), *([self.model] if self.model else [])]:
+            pool.close()
+        self.drafts.clear()
+        self.model = None
+
+    # streams ------------------------------------------------------------------
+
+    def generate(self, args: dict[str, Any], sink: Sink) -> dict[str, Any]:
+        """A completion (`prompt`) or chat (`messages`) stream."""
+        options = options_from(args["options"])
+        params = params_from(args["params"])
+        compiled = _constraint(args.get("constraint"))
+        speculative = args.get("speculative")
+        pool = self._pool()
+        if "messages" in args:
+            turns = [(str(role), str(content)) for role, content in args["messages"]]
+
+            def prompt(engine: Engine) -> tuple[list[int], tuple[str, ...]]:
+                try:
+                    return engine.chat_prompt(turns)
+                except LoadError as error:
+                    raise InvalidModel(model=pool.name, reason=error.reason) from None
+        else:
+            text = str(args["prompt"])
+
+            def prompt(engine: Engine) -> tuple[list[int], tuple[str, ...]]:
+                return engine.tokenize(text, add_bos=True), ()
+
+        if self.layout == "batch" and speculative is None:
+            batcher, engine = self._batcher(pool, options)
+            counts = Counts(_reasoning(engine, params))
+            reason = self._batched(batcher, engine, prompt, params, compiled, counts, sink)
+            return {"reason": reason, **counts.extra()}
+        engine = pool.take(options)
+        try:
+            counts = Counts(_reasoning(engine, params))
+            with contextlib.ExitStack() as held:
+                drafter = None if speculative is None else \
+                    self._drafter(speculative, engine, options, held)
+                tokens, stops = prompt(engine)
+                if not tokens:
+                    raise InvalidParameter(parameter="prompt")
+                if speculative is not None:
+                    reason, counts.drafted, counts.accepted = engine.speculate(
+                        tokens, params, sink.stop, sink.emit, drafter=drafter,
+                        draft_max=speculative.get("draft_max") or DRAFT_MAX, extra_stops=stops,
+                        pace=self.pace, first=sink.first)
+                else:
+                    reason = engine.generate(
+                        tokens, params, sink.stop, sink.emit, extra_stops=stops, pace=self.pace,
+                        first=sink.first, logits_processor=_processor(engine, compiled),
+                        reasoning=counts.reasoning, think=sink.think)
+        except Overflow as error:
+            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+        finally:
+            pool.give(options, engine)
+        return {"reason": reason, **counts.extra()}
+
+    def _batched(self, batcher: "Batcher", engine: Engine, prompt: Prompt, params: Params,
+                 compiled: "constrain.Constraint | None", counts: Counts, sink: Sink) -> str:
+        """A stream as one sequence of the model's shared batch: submitted,
+        then waited for, relaying a cancel."""
+        tokens, stops = prompt(engine)
+        if not tokens:
+            raise InvalidParameter(parameter="prompt")
+        if len(tokens) >= batcher.n_ctx_seq:
+            raise ContextOverflow(tokens=len(tokens), n_ctx=batcher.n_ctx_seq)
+        output = Output(engine.llama, sink.emit, params.stop + stops, counts.reasoning,
+                        sink.think)
+        processors = [*(_processor(engine, compiled) or ()),
+                      *([counts.reasoning] if counts.reasoning is not None else [])]
+
+        def on_token(token: int) -> bool:
+            if output.count == 0:
+                sink.first()
+            return output.token(token)
+
+        request = batcher.submit(
+            tokens, min(params.max_tokens, batcher.n_ctx_seq - len(tokens)),
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+            min_p=params.min_p, seed=params.seed, processors=processors, on_token=on_token)
+        while not request.wait(0.05):
+            if sink.stop.is_set():
+                request.cancel()
+        if request.error is not None:
+            raise request.error
+        output.close()
+        return str(request.reason)
+
+    def _batcher(self, pool: Pool, options: Options) -> tuple["Batcher", Engine]:
+        """The model's shared decode batch, made on first use: `slots`
+        sequences of the configured window, and a small context of the same
+        model that tokenizes for it."""
+        with self._lock:
+            if pool.batcher is not None and not pool.batcher.alive:
+                logger.error("the shared batch of %s stopped; making a new one", pool.name)
+                pool.batcher.close()
+                pool.batcher = None
+            if pool.batcher is None:
+                from syntrop.runtimed.batch import Batcher, DecodeError
+
+                if pool.batch_engine is not None:
+                    pool.batch_engine.close()
+                    pool.batch_engine = None
+                try:
+                    engine = Engine.load(pool.fd, Options(n_ctx=64, n_batch=64, n_threads=1))
+                    try:
+                        batcher = Batcher(engine.llama, n_seq=self.slots,
+                                          n_ctx_seq=options.n_ctx,
+                                          n_batch=max(options.n_batch, self.slots),
+                                          threads=self.n_threads)
+                    except BaseException:
+                        engine.close()
+                        raise
+                except (LoadError, DecodeError, ValueError) as error:
+                    raise InvalidModel(model=pool.name, reason="cannot make its shared batch "
+                                       f"({self.slots} x {options.n_ctx} tokens): "
+                                       f"{error}") from None
+                batcher.start()
+                pool.batcher, pool.batch_engine = batcher, engine
+            assert pool.batch_engine is not None
+            return pool.batcher, pool.batch_engine
+
+    def _drafter(self, spec: dict[str, Any], engine: Engine, options: Options,
+                 held: contextlib.ExitStack) -> Any:
+        """Prompt lookup, or a draft model's context (given back when the
+        stream ends) whose vocabulary was checked against the model's."""
+        from syntrop.runtimed import speculative as sp
+
+        name = spec.get("draft")
+        if name is None:
+            return sp.PromptLookup()
+        target = self._pool()
+        with self._lock:
+            draft = self.drafts.get(name)
+        if draft is None:  # runtimed sends a draft before its first use
+            raise InvalidParameter(parameter="sampling.speculative.draft")
+        draft_engine = draft.take(options)
+        held.callback(draft.give, options, draft_engine)
+        for pool, llama in ((target, engine.llama), (draft, draft_engine.llama)):
+            if pool.vocabulary is None:
+                pool.vocabulary = sp.vocabulary_digest(llama)
+        try:
+            sp.check_vocabulary(engine.llama, draft_engine.llama,
+                                digests=(target.vocabulary, draft.vocabulary))
+        except sp.VocabularyMismatch as error:
+            raise VocabularyMismatch(draft=name, reason=error.reason) from None
+        drafter = sp.DraftModel(engine.llama, draft_engine.llama, checked=True)
+        held.callback(drafter.close)  # before its context goes back to the pool
+        return drafter
+
+    def embed(self, args: dict[str, Any]) -> dict[str, Any]:
+        options = options_from(args["options"])
+        pool = self._pool()
+        engine = pool.take(options)
+        try:
+            vectors = engine.embed([str(text) for text in args["input"]], self.pace)
+        except Overflow as error:
+            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+        finally:
+            pool.give(options, engine)
+        return {"vectors": vectors}
+
+    # sessions -----------------------------------------------------------------
+
+    def _seat(self, session: str) -> Seat:
+        with self._lock:
+            seat = self.seats.get(session)
+        if seat is None:
+            raise SessionNotFound(session_id=session)
+        return seat
+
+    def _engine(self, session: str) -> Engine:
+        seat = self._seat(session)
+        if seat.engine is None:  # runtimed restores a spilled session first
+            raise SessionNotFound(session_id=session)
+        return seat.engine
+
+    def _new_context(self, seat: Seat, adapter: str) -> Engine:
+        """A context for a session, its adapter applied (AdapterMismatch,
+        with the context closed, when the adapter does not fit)."""
+        pool = self._pool()
+        try:
+            engine = Engine.load(pool.fd, seat.options)
+        except LoadError as error:
+            raise InvalidModel(model=pool.name, reason=error.reason) from None
+        if seat.lora_fd is not None:
+            from syntrop.runtimed.lora import AdapterError
+
+            try:
+                engine.attach_lora(seat.lora_fd, seat.lora_scale)
+            except AdapterError as error:
+                engine.close()
+                raise AdapterMismatch(adapter=adapter, reason=error.reason[:512]) from None
+        return engine
+
+    def open(self, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """A session's context (with its adapter, behind fds[0], when it has
+        one); ShiftUnsupported for sinks on a cache that cannot shift."""
+        session = str(args["session"])
+        seat = Seat(options=options_from(args["options"]), engine=None,
+                    lora_fd=fds[0] if fds else None, lora_scale=float(args.get("lora_scale", 1.0)))
+        try:
+            engine = self._new_context(seat, str(args.get("lora") or ""))
+            if args.get("sinks") is not None:
+                from syntrop.runtimed.sinks import Journal, Window
+
+                if not engine.can_shift():
+                    engine.close()
+                    raise ShiftUnsupported(model=self._pool().name)
+                # runtimed keeps the session's journal; this one stays empty.
+                seat.window = Window(sinks=int(args["sinks"]), journal=Journal(1))
+        except BaseException:
+            if seat.lora_fd is not None:
+                os.close(seat.lora_fd)
+            raise
+        seat.engine = engine
+        with self._lock:
+            self.seats[session] = seat
+        return {"n_ctx": engine.n_ctx}
+
+    def prefix(self, args: dict[str, Any]) -> dict[str, Any]:
+        engine = self._engine(str(args["session"]))
+        with engine.lock:
+            tokens = engine.tokenize(str(args["text"]), add_bos=bool(args["add_bos"]))
+            try:
+                engine.check_fits(len(tokens))
+                plan = sessions_mod.plan_prefix(engine.resident(), args["current_digest"],
+                                                tokens, str(args["digest"]))
+                engine.prefill(plan.reused, plan.prefill, self.pace)
+            except Overflow as error:
+                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            return {"reused": plan.reused, "prefilled": len(plan.prefill),
+                    "dropped": plan.dropped, "prefix_tokens": len(tokens),
+                    "token_hash": sessions_mod.token_hash(tokens),
+                    "resident": len(engine.resident())}
+
+    def suffix(self, args: dict[str, Any]) -> dict[str, Any]:
+        engine = self._engine(str(args["session"]))
+        with engine.lock:
+            tokens = engine.tokenize(str(args["text"]), add_bos=False)
+            try:
+                engine.prefill(int(args["prefix_tokens"]), tokens, self.pace)
+            except Overflow as error:
+                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            return {"count": len(tokens), "resident": len(engine.resident())}
+
+    def decode(self, args: dict[str, Any], sink: Sink) -> dict[str, Any]:
+        """Generate from a session's resident state; with sinks, sliding
+        past the window."""
+        session = str(args["session"])
+        seat = self._seat(session)
+        engine = self._engine(session)
+        params = params_from(args["params"])
+        compiled = _constraint(args.get("constraint"))
+        speculative = args.get("speculative")
+        window = seat.window
+        counts = Counts(_reasoning(engine, params))
+        with contextlib.ExitStack() as held:
+            drafter = None if speculative is None else \
+                self._drafter(speculative, engine, seat.options, held)
+            try:
+                with engine.lock:
+                    if speculative is not None:
+                        if window is not None and len(engine.continuation()) >= engine.n_ctx:
+                            engine.shift(window, 2)  # room to go on; drafts fit the rest
+                        reason, counts.drafted, counts.accepted = engine.speculate(
+                            engine.continuation(), params, sink.stop, sink.emit,
+                            drafter=drafter, draft_max=speculative.get("draft_max") or DRAFT_MAX,
+                            pace=self.pace, first=sink.first)
+                    else:
+                        reason = engine.generate(
+                            engine.continuation(), params, sink.stop, sink.emit,
+                            pace=self.pace, first=sink.first,
+                            logits_processor=_processor(engine, compiled),
+                            reasoning=counts.reasoning, think=sink.think, window=window)
+            except Overflow as error:
+                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            finally:
+                if window is not None:
+                    counts.shifted = window.take_shifted()
+        return {"reason": reason, "resident": len(engine.resident()), **counts.extra()}
+
+    def save(self, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        """Spill: the session's state into a memfd (handed to runtimed), its
+        context closed."""
+        seat = self._seat(str(args["session"]))
+        engine = self._engine(str(args["session"]))
+        with engine.lock:
+            saved = engine.save()
+            fd = os.memfd_create("syntrop-spill", os.MFD_CLOEXEC)
+            try:
+                write_saved(fd, saved)
+            except BaseException:
+                os.close(fd)
+                raise
+            seat.engine = None
+            engine.close()
+        return {"tokens": len(saved.tokens), "bytes": len(saved.data)}, [fd]
+
+    def restore(self, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """A spilled session back in a new context from the state behind
+        fds[0]; `cold` when that state is lost or does not fit."""
+        seat = self._seat(str(args["session"]))
+        engine = self._new_context(seat, str(args.get("lora") or ""))
+        cold = False
+        try:
+            if not fds:
+                raise ValueError("no saved state")
+            engine.restore(read_saved(fds[0]))
+        except (EngineError, OSError, ValueError) as error:
+            # The state is lost (a spill file removed or damaged): the
+            # session goes on cold, and runtimed says so (NoPrefix).
+            logger.warning("session %s restored cold: %s", args["session"], error)
+            engine.prefill(0, [])
+            cold = True
+        except BaseException:
+            engine.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        seat.engine = engine
+        return {"cold": cold, "resident": len(engine.resident())}
+
+    def close_session(self, args: dict[str, Any]) -> dict[str, Any]:
+        session = str(args["session"])
+        with self._lock:
+            seat = self.seats.pop(session, None)
+        if seat is None:
+            return {}
+        if seat.engine is not None:
+            with seat.engine.lock:
+                seat.engine.close()
+        if seat.lora_fd is not None:
+            os.close(seat.lora_fd)
+        return {}
+
+
+def check_constraint(error: Exception) -> InvalidConstraint | None:
+    """The declared error for a constraint that failed while decoding."""
+    from syntrop.runtimed.constrain import ConstraintError
+
+    if isinstance(error, ConstraintError):
+        return InvalidConstraint(reason=error.reason, message=error.message[:512])
+    return None

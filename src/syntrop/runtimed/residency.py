@@ -1,0 +1,259 @@
+"""Resident models, runtimed's side: one engine worker per model, who holds
+it, when it goes, and what happens when its worker dies.
+
+A model becomes resident on first use: runtimed takes modeld's descriptor
+(OpenModel), hashes the bytes behind it against modeld's digest, starts a
+worker (workers.py) and hands the descriptor over; the worker loads it.
+The descriptor's shared lock travels with it, so modeld sees the model in
+use for as long as the worker lives.
+
+Every request and open session holds its model (`hold` / `release`); one
+that nothing holds is unloaded after the keep-alive, at once under memory
+pressure, or on request (service.py decides, `unload` does it): its worker
+is asked to exit.
+
+A worker that dies unasked is a crash. Its calls fail at once (workers.py);
+here the model stops being resident, the crash is logged once, with the
+signal and the calls it was serving, and counted. The next request starts
+a new worker: at once after one crash, after a growing pause after more,
+and not at all once `crash_limit` crashes fall within `crash_window`
+seconds: then the model is refused (EngineFailing) until the oldest of them
+leaves the window. The service learns of each crash through `on_crash`, to
+end the sessions that lived in the worker.
+"""
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from syntrop.interfaces import model as model_contract
+from syntrop.interfaces.runtime import EngineCrashed, EngineFailing, ModelNotFound, WeightsMismatch
+from syntrop.runtimed.config import Config
+from syntrop.runtimed.layout import CELLS, Board
+from syntrop.runtimed.models import WeightsDiffer, open_in_modeld, verified
+from syntrop.runtimed.workers import Exit, Worker, WorkerGone
+from syntrop.varlink import InvalidParameter
+
+if TYPE_CHECKING:
+    from syntrop.runtimed.cpu import Choice
+
+logger = logging.getLogger(__name__)
+
+MAX_NAME = 256
+MODELD_TIMEOUT = 30.0
+#: Pause before restarting a model's worker after its second crash in the
+#: window (doubling with each more), and the longest pause.
+BACKOFF = 0.5
+BACKOFF_MAX = 10.0
+
+
+def check_name(name: str, parameter: str = "model") -> None:
+    if not name or len(name) > MAX_NAME or "\0" in name:
+        raise InvalidParameter(parameter=parameter)
+
+
+def crashed(model: str, gone: WorkerGone) -> EngineCrashed:
+    """The declared error for a call its worker took down."""
+    exit = gone.exit
+    return EngineCrashed(model=model, signal=exit.signal if exit else None,
+                         exit_status=exit.returncode if exit and exit.signal is None else None,
+                         reason=gone.reason)
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Resident:
+    """A model with a live worker."""
+
+    name: str
+    digest: str
+    size: int
+    worker: Worker
+    busy: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    #: Draft models loaded into this worker (for speculative decoding).
+    drafts: set[str] = field(default_factory=set)
+    #: Layout batch: streams in the worker's shared batch now (None: it
+    #: has made no batch yet).
+    batch_running: int | None = None
+
+    def hold(self) -> None:
+        """A request or session uses the model: no unloading meanwhile."""
+        self.busy += 1
+
+    def release(self) -> None:
+        self.busy -= 1
+        self.last_used = time.monotonic()
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds since the last release; None while something holds it."""
+        return None if self.busy else max(0.0, now - self.last_used)
+
+
+@dataclass(slots=True)
+class Crashes:
+    """A model's recent crashes."""
+
+    times: collections.deque[float] = field(default_factory=collections.deque)
+    last: Exit | None = None
+    last_calls: list[str] = field(default_factory=list)
+    total: int = 0
+
+
+class Residency:
+    def __init__(self, socket: Path, config: Config,
+                 engine: Callable[[], Awaitable["Choice"]]) -> None:
+        self.socket = socket
+        self.config = config
+        self._engine = engine
+        self.models: dict[str, Resident] = {}
+        self.crashes: dict[str, Crashes] = {}
+        #: Called with (model, exit, calls) when a worker crashes.
+        self.on_crash: Callable[[str, Exit, list[str]], None] = lambda *_: None
+        self.loading = asyncio.Lock()
+        self._board = Board.create()
+        self._cells = list(range(CELLS))
+
+    # holding ----------------------------------------------------------------
+
+    async def hold(self, name: str) -> Resident:
+        """The model, made resident if it is not; held for the caller."""
+        check_name(name)
+        async with self.loading:
+            resident = self.models.get(name)
+            if resident is not None and resident.worker.alive:
+                resident.hold()
+                return resident
+            await self._admit(name)
+            resident = await self._load(name)
+            resident.hold()
+            self.models[name] = resident
+            logger.info("loaded %s (sha256 %s) in engine worker %d", name, resident.digest,
+                        resident.worker.pid)
+            return resident
+
+    async def _admit(self, name: str) -> None:
+        """Wait out the pause after recent crashes, or refuse the model."""
+        record = self.crashes.get(name)
+        if record is None:
+            return
+        now = time.monotonic()
+        while record.times and now - record.times[0] > self.config.crash_window:
+            record.times.popleft()
+        count = len(record.times)
+        if self.config.crash_limit and count >= self.config.crash_limit:
+            retry = record.times[0] + self.config.crash_window - now
+            raise EngineFailing(model=name, crashes=count,
+                                window_s=self.config.crash_window,
+                                retry_after_s=round(max(0.0, retry), 1),
+                                reason=record.last.describe() if record.last else "crashed")
+        if count >= 2:
+            pause = min(BACKOFF_MAX, BACKOFF * 2 ** (count - 2)) - (now - record.times[-1])
+            if pause > 0:
+                logger.info("waiting %.1f s before restarting the engine of %s", pause, name)
+                await asyncio.sleep(pause)
+
+    async def open_verified(self, name: str) -> tuple[int, str, int]:
+        """modeld's descriptor, digest and size of `name`, its bytes checked."""
+        try:
+            fd, digest, size = await open_in_modeld(self.socket, name, MODELD_TIMEOUT)
+        except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):
+            raise ModelNotFound(model=name) from None
+        except OSError as error:
+            logger.warning("cannot reach modeld: %s", error)
+            raise ModelNotFound(model=name) from None
+        try:
+            await asyncio.to_thread(verified, fd, digest)
+        except WeightsDiffer as error:
+            os.close(fd)
+            raise WeightsMismatch(expected=error.expected, actual=error.actual) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, digest, size
+
+    async def _load(self, name: str) -> Resident:
+        fd, digest, size = await self.open_verified(name)
+        try:
+            worker = await self._start(name)
+            try:
+                await worker.request("load", {"name": name}, [fd], label="load")
+            except BaseException:
+                await worker.stop()
+                raise
+        except WorkerGone as gone:
+            # Counted as a crash (by `_exited`): a model that always
+            # crashes its loader is not retried forever.
+            raise crashed(name, gone) from None
+        finally:
+            os.close(fd)
+        return Resident(name=name, digest=digest, size=size, worker=worker)
+
+    async def _start(self, name: str) -> Worker:
+        choice = await self._engine()
+        cell = self._cells.pop(0)
+        Board.clear(self._board, cell)
+        settings = {"layout": self.config.layout, "slots": self.config.slots,
+                    "cpus": self.config.n_threads or (os.cpu_count() or 1),
+                    "instances": self.config.instances}
+        try:
+            return await Worker.start(name, settings=settings, engine=choice.to_json(),
+                                      board=self._board, cell=cell, on_exit=self._exited)
+        except OSError:  # not started at all (no process to end)
+            self._cells.append(cell)
+            raise
+
+    async def load_draft(self, resident: Resident, draft: str) -> None:
+        """Put a draft model into `resident`'s worker, once."""
+        check_name(draft, "sampling.speculative.draft")
+        if draft in resident.drafts:
+            return
+        fd, _, _ = await self.open_verified(draft)
+        try:
+            await resident.worker.request("draft", {"name": draft}, [fd], label="draft")
+        finally:
+            os.close(fd)
+        resident.drafts.add(draft)
+
+    # leaving ----------------------------------------------------------------
+
+    async def unload(self, names: list[str], why: str) -> int:
+        """Stop the workers of `names` (resident, idle: the caller checked
+        under `loading`); bytes freed."""
+        freed = 0
+        for name in names:
+            resident = self.models.pop(name)
+            await resident.worker.stop()
+            freed += resident.size
+            logger.info("unloaded %s: %s", name, why)
+        return freed
+
+    def _exited(self, worker: Worker, exit: Exit, calls: list[str]) -> None:
+        Board.clear(self._board, worker.cell)
+        self._cells.append(worker.cell)
+        resident = self.models.get(worker.model)
+        if resident is not None and resident.worker is worker:
+            del self.models[worker.model]
+        if worker.expected:
+            return
+        serving = ", ".join(calls) if calls else "nothing"
+        logger.error("the engine of %s (pid %d) %s while serving %s", worker.model, worker.pid,
+                     exit.describe(), serving)
+        self._count(worker.model, exit, calls)
+        self.on_crash(worker.model, exit, calls)
+
+    def _count(self, name: str, exit: Exit | None, calls: list[str]) -> None:
+        record = self.crashes.setdefault(name, Crashes())
+        record.times.append(time.monotonic())
+        record.last, record.last_calls = exit, calls
+        record.total += 1
+
+    async def close(self) -> None:
+        for name in list(self.models):
+            await self.models.pop(name).worker.stop()
+        os.close(self._board)

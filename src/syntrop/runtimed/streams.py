@@ -1,0 +1,116 @@
+"""A worker's stream events out as Varlink replies.
+
+Each `piece` a worker sends goes out at once as a `more` reply (`continues`
+true); pieces that queued up while the previous reply was being written
+leave together as one reply, so a loop that falls behind the engine catches
+up instead of lagging further (thinking pieces stay apart: a marker's empty
+piece carries its token count on its own). The `done` event becomes the
+last chunk, with the finish reason and the call's counts.
+
+What the call holds (its slot, its model) is given back by `done`, exactly
+once: before the last reply goes out when the worker finishes (so the
+client's next call finds the slot free), or, when the client leaves first,
+once the worker has stopped the cancelled call (or died).
+
+Tracing: with a trace file, each stream appends one JSON line of
+CLOCK_MONOTONIC times (system-wide, so the worker's count too): the call's
+arrival, the engine starting on it and sampling its first token (in the
+worker), the first reply written.
+"""
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import fields, replace
+from typing import Any
+
+from asyncvarlink import AnnotatedResult
+
+from syntrop.interfaces.runtime import Chunk
+from syntrop.runtimed.workers import Call, Worker
+
+#: The counts a last chunk may carry.
+EXTRA = frozenset(f.name for f in fields(Chunk)) - {"text", "tokens", "finish_reason",
+                                                    "thinking"}
+
+
+def _chunk(event: str, message: dict[str, Any]) -> Chunk:
+    return Chunk(text=str(message.get("text", "")), tokens=int(message.get("tokens", 0)),
+                 finish_reason=None, thinking=True if event == "think" else None)
+
+
+async def relay(worker: Worker, call: Call, *, done: Callable[[], None], received: float,
+                trace: str | None = None, on_text: Callable[[str], None] | None = None,
+                on_result: Callable[[dict[str, Any]], None] | None = None,
+                ) -> AsyncIterator[AnnotatedResult]:
+    """Stream `call`'s events as replies (see the module's docstring);
+    `on_text` sees the answer's text, `on_result` the worker's result."""
+    times = {"received": received}
+    given_back = False
+
+    def give_back(*_: object) -> None:
+        nonlocal given_back
+        if not given_back:
+            given_back = True
+            done()
+
+    def late(*_: object) -> None:
+        """The worker has ended a call the client left: its result (a
+        cancelled Decode's counts), if it sent one, then give back."""
+        while not queue.empty():
+            event, message, _fds = queue.get_nowait()
+            if event == "done" and on_result is not None:
+                on_result(dict(message.get("result") or {}))
+        give_back()
+
+    queue = call.events
+    try:
+        held: tuple[str, dict[str, Any], list[int]] | None = None
+        while True:
+            item = held if held is not None else await queue.get()
+            held = None
+            event, message, _ = item
+            if event == "first":
+                times["engine_start"] = float(message.get("started", 0.0))
+                times["first_token"] = float(message.get("at", 0.0))
+                continue
+            if event == "error":
+                give_back()
+                raise worker.error(message)
+            if event == "done":
+                result = dict(message.get("result") or {})
+                if on_result is not None:
+                    on_result(result)
+                give_back()
+                extra = {k: v for k, v in result.items() if k in EXTRA}
+                last = Chunk(text="", tokens=0, finish_reason=str(result.get("reason", "stop")),
+                             **extra)
+                yield AnnotatedResult({"chunk": last}, continues=False)
+                return
+            chunk = _chunk(event, message)
+            # Answer pieces queued while the last reply went out: one reply.
+            while chunk.thinking is None and not queue.empty():
+                following = queue.get_nowait()
+                if following[0] == "piece":
+                    more = _chunk("piece", following[1])
+                    chunk = replace(chunk, text=chunk.text + more.text,
+                                    tokens=chunk.tokens + more.tokens)
+                else:
+                    held = following
+                    break
+            if on_text is not None and chunk.thinking is None:
+                on_text(chunk.text)
+            yield AnnotatedResult({"chunk": chunk}, continues=True)
+            times.setdefault("first_sent", time.monotonic())
+    finally:
+        if not given_back:
+            worker.cancel(call)
+            if call.finished.done():
+                late()
+            else:
+                call.finished.add_done_callback(late)
+        if trace:
+            with contextlib.suppress(OSError), open(trace, "a") as file:
+                file.write(json.dumps(times) + "\n")
+

@@ -1,0 +1,323 @@
+"""runtimed's side of its engine workers: starting one, calling it, and
+noticing at once when it dies.
+
+`Worker.start` runs `python -m syntrop.runtimed.worker` with one end of a
+socketpair and waits for its hello. Calls are messages on that socket
+(channel.py): `request` waits for one reply; `open` sends a call whose
+events (a stream's pieces) its reader takes from `Call.events` as they
+come. A call is finished when the worker says so (done or error) or when
+the worker is gone.
+
+Death is watched through a pidfd on the event loop: when the process ends,
+every call in flight on it fails at once with `WorkerGone` (its exit status
+or signal, and what it was serving), the `on_exit` callback runs, and the
+Worker is done for; the next request makes a new one (residency.py decides
+whether, and when). A worker that closes its socket without exiting is
+killed after a second.
+
+Workers are started from the event loop's thread on purpose: the
+parent-death signal a worker sets (PR_SET_PDEATHSIG) fires when the
+*thread* that forked it ends, and the loop's thread lives as long as
+runtimed does.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncvarlink import GenericVarlinkErrorReply
+
+from syntrop.runtimed import channel
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a new worker has to start its engine and say hello.
+START_TIMEOUT = 60.0
+#: Seconds a worker asked to exit has before it is killed.
+STOP_TIMEOUT = 5.0
+#: Seconds a worker whose socket closed may live on before it is killed.
+LINGER = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """How a worker ended: its wait status, as subprocess reports it."""
+
+    returncode: int
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 else None
+
+    @property
+    def signal_name(self) -> str | None:
+        number = self.signal
+        if number is None:
+            return None
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            return f"signal {number}"
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by signal {self.signal} ({self.signal_name})"
+        return f"exited with status {self.returncode}"
+
+
+class WorkerGone(Exception):
+    """The worker died (or could not start) while a call was on it."""
+
+    def __init__(self, model: str, exit: Exit | None, reason: str) -> None:
+        super().__init__(f"the engine for {model} {reason}")
+        self.model = model
+        self.exit = exit
+        self.reason = reason
+
+
+def varlink_error(error: dict[str, Any]) -> Exception:
+    """The exception a worker's `error` event stands for: the declared
+    Runtime1 error it names, typed where we know it."""
+    from syntrop.interfaces.runtime import Runtime1
+    from syntrop.varlink import InvalidParameter
+
+    name = error.get("name")
+    parameters = error.get("parameters") or {}
+    if not name:
+        return RuntimeError(str(error.get("message", "the engine failed")))
+    known: dict[str, Any] = {cls.name: cls for cls in Runtime1.errors}
+    known[InvalidParameter.name] = InvalidParameter
+    typed = known.get(name)
+    if typed is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            result: Exception = typed(**parameters)
+            return result
+    return GenericVarlinkErrorReply(name, parameters)
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    """One call in flight: its events, and whether the worker is done with it."""
+
+    id: int
+    op: str
+    label: str
+    events: asyncio.Queue[tuple[str, dict[str, Any], list[int]]] = \
+        field(default_factory=asyncio.Queue)
+    finished: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def finish(self) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+
+class Worker:
+    """One engine worker process and its socket."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, model: str, process: subprocess.Popen[bytes], sock: Any,
+                 cell: int, on_exit: "Callable[[Worker, Exit, list[str]], None] | None" = None,
+                 ) -> None:
+        self.model = model
+        self.process = process
+        self.pid = process.pid
+        self.cell = cell
+        self.started = time.time()
+        self.state = "starting"
+        self.exit: Exit | None = None
+        self.engine = ""
+        self.system_info = ""
+        #: Calls served (requests sent) since it started.
+        self.served = 0
+        #: Runs once when the process has ended: (worker, exit, labels of
+        #: the calls it took down).
+        self.on_exit = on_exit
+        #: Resolves with the exit once the process has ended.
+        self.ended: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
+        self._calls: dict[int, Call] = {}
+        self._stopping = False
+        self._fatal: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self.link = channel.Link(sock, self._message, self._closed)
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._reaped)
+
+    @classmethod
+    async def start(cls, model: str, *, settings: dict[str, Any], engine: str,
+                    board: int, cell: int,
+                    on_exit: "Callable[[Worker, Exit, list[str]], None] | None" = None,
+                    ) -> "Worker":
+        """Start a worker for `model` and wait for its hello; WorkerGone
+        when it dies or says it cannot start. `on_exit` runs once when the
+        process has ended (its exit, and the calls it took down)."""
+        ours, theirs = channel.pair()
+        env = dict(os.environ)
+        env.update(SYNTROP_WORKER_FD=str(theirs.fileno()), SYNTROP_ENGINE=engine,
+                   SYNTROP_WORKER=json.dumps({**settings, "model": model, "board": board,
+                                              "cell": cell, "parent": os.getpid()}))
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "syntrop.runtimed.worker"],
+                pass_fds=(theirs.fileno(), board), stdin=subprocess.DEVNULL,
+                # llama.cpp prints to stdout now and then: into our log.
+                stdout=sys.stderr.fileno(), env=env)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        worker = cls(model, process, ours, cell, on_exit)
+        try:
+            hello = await asyncio.wait_for(worker.request("hello", {}, label="start"),
+                                           START_TIMEOUT)
+        except (TimeoutError, asyncio.CancelledError):
+            worker.kill()
+            raise
+        worker.state = "ready"
+        worker.engine = str(hello.get("engine", ""))
+        worker.system_info = str(hello.get("system_info", ""))
+        return worker
+
+    @property
+    def alive(self) -> bool:
+        return self.exit is None and not self.link.closed
+
+    @property
+    def in_flight(self) -> list[str]:
+        return [call.label for call in self._calls.values()]
+
+    # calls ------------------------------------------------------------------
+
+    def open(self, op: str, args: dict[str, Any], fds: Sequence[int] = (), *,
+             label: str = "") -> Call:
+        """Send a call; its events arrive in `Call.events` (a stream's
+        reader takes them from there: streams.py)."""
+        if not self.alive:
+            raise WorkerGone(self.model, self.exit, self._gone_reason())
+        call = Call(next(self._ids), op, label or op)
+        self._calls[call.id] = call
+        try:
+            self.link.send({"id": call.id, "op": op, "args": args}, fds)
+        except OSError:
+            del self._calls[call.id]
+            raise WorkerGone(self.model, self.exit, self._gone_reason()) from None
+        self.served += 1
+        return call
+
+    async def request(self, op: str, args: dict[str, Any], fds: Sequence[int] = (),
+                      *, label: str = "") -> dict[str, Any]:
+        """One reply's result (a call's descriptors, if any, are closed)."""
+        result, received = await self.request_fds(op, args, fds, label=label)
+        for fd in received:
+            os.close(fd)
+        return result
+
+    async def request_fds(self, op: str, args: dict[str, Any], fds: Sequence[int] = (),
+                          *, label: str = "") -> tuple[dict[str, Any], list[int]]:
+        """One reply's result and the descriptors that came with it."""
+        call = self.open(op, args, fds, label=label)
+        try:
+            while True:
+                event, message, received = await call.events.get()
+                if event == "done":
+                    return dict(message.get("result") or {}), received
+                for fd in received:
+                    os.close(fd)
+                if event == "error":
+                    raise self.error(message)
+        except asyncio.CancelledError:
+            self.cancel(call)
+            raise
+
+    def cancel(self, call: Call) -> None:
+        if self.alive and not call.finished.done():
+            with contextlib.suppress(OSError):
+                self.link.send({"id": call.id, "op": "cancel"})
+
+    def error(self, message: dict[str, Any]) -> Exception:
+        if message.get("gone"):
+            return WorkerGone(self.model, self.exit, self._gone_reason())
+        return varlink_error(dict(message.get("error") or {}))
+
+    # the process ------------------------------------------------------------
+
+    def _message(self, message: dict[str, Any], fds: list[int]) -> None:
+        rid, event = message.get("id"), str(message.get("event", ""))
+        if rid == 0 and event == "fatal":
+            self._fatal = str(message.get("message", ""))
+            for fd in fds:
+                os.close(fd)
+            return
+        call = self._calls.get(rid) if isinstance(rid, int) else None
+        if call is None:  # a late reply to a call given up on
+            for fd in fds:
+                os.close(fd)
+            return
+        call.events.put_nowait((event, message, fds))
+        if event in ("done", "error"):
+            del self._calls[call.id]
+            call.finish()
+
+    def _closed(self, why: str) -> None:
+        if self.exit is None and not self._stopping:
+            logger.debug("engine worker of %s closed its socket (%s)", self.model, why)
+        # It should be exiting; if it is not, it has lost its way.
+        self._loop.call_later(LINGER, self.kill)
+
+    def _reaped(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        returncode = self.process.wait()
+        self.exit = Exit(returncode)
+        self.state = "exited"
+        self.ended.set_result(self.exit)
+        self.link.close("exited")
+        gone = list(self._calls.values())
+        self._calls.clear()
+        for call in gone:
+            call.events.put_nowait(("error", {"gone": True}, []))
+            call.finish()
+        if self.on_exit is not None:
+            self.on_exit(self, self.exit, [call.label for call in gone])
+
+    def _gone_reason(self) -> str:
+        if self._fatal:
+            return self._fatal
+        if self.exit is not None:
+            return self.exit.describe()
+        return "is gone"
+
+    @property
+    def expected(self) -> bool:
+        """Whether it ended because runtimed asked it to."""
+        return self._stopping
+
+    def kill(self) -> None:
+        if self.exit is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    async def stop(self) -> None:
+        """Ask it to exit (its calls must be over); kill it if it lingers."""
+        if self.exit is not None:
+            return
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self.link.send({"id": 0, "op": "exit"})
+        try:
+            await asyncio.wait_for(asyncio.shield(self.ended), STOP_TIMEOUT)
+        except TimeoutError:
+            self.kill()
+            await self.ended
