@@ -1,7 +1,9 @@
 """Tiers, and the closing line that says which tier ran how many tests.
 
 A test's tier is its directory: tests/unit, tests/service, tests/system. The
-marker is added here so `pytest -m service` selects a tier.
+marker is added here so `pytest -m service` selects a tier. Modules marked
+`isolated` (they load llama.cpp in-process) run in a child pytest each
+(tests/isolation.py), so a native crash fails a test and the run goes on.
 """
 
 import collections
@@ -12,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import isolation
+
 TIERS = ("unit", "service", "system")
 _ROOT = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    isolation.configure(config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

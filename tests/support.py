@@ -3,7 +3,8 @@
 `activated()` runs a daemon under systemd's own systemd-socket-activate
 (Accept=no: the daemon gets the listening socket as fd 3 with LISTEN_FDS=1,
 LISTEN_FDNAMES=varlink) in a private set of directories, and always kills
-what it started.
+what it started. Daemons die with the test process too, even when it
+crashes (`dies_with_us`: a parent-death signal that survives exec).
 """
 
 import contextlib
@@ -34,6 +35,15 @@ class Activated:
     @property
     def address(self) -> str:
         return f"unix:{self.socket}"
+
+
+def dies_with_us(argv: list[str]) -> list[str]:
+    """`argv` run so that it is killed when this process ends, however it
+    ends (util-linux setpriv sets PR_SET_PDEATHSIG, kept across exec of
+    non-setuid programs). Start it from the main thread: the signal follows
+    the thread that forked."""
+    tool = shutil.which("setpriv")
+    return [tool, "--pdeathsig", "KILL", *argv] if tool else argv
 
 
 def environment(root: Path, daemon: Daemon) -> dict[str, str]:
@@ -70,7 +80,7 @@ def activated(
         sys.executable, "-m", daemon.module,
     ]
     process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+        dies_with_us(argv), stdin=subprocess.DEVNULL, stderr=stderr, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 10

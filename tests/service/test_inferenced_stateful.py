@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from syntrop.system import cgroup
-from tests.support import activated
+from tests.support import activated, dies_with_us
 
 NAME = "io.syntrop.Inference1"
 MOUNT = cgroup.find_mount()
@@ -33,7 +33,7 @@ class Client:
     def __init__(self, sandbox: Path, index: int) -> None:
         self.cgroup = sandbox / f"client{index}"
         self.cgroup.mkdir()
-        self.process = subprocess.Popen(["sleep", "600"])
+        self.process = subprocess.Popen(dies_with_us(["sleep", "600"]))
         (self.cgroup / "cgroup.procs").write_text(str(self.process.pid))
 
     def kill(self) -> None:

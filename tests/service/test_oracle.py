@@ -23,6 +23,8 @@ from tests.models import require_llama, smollm2
 from tests.support import activated
 
 require_llama()
+#: llama.cpp runs in this process: in a child pytest of its own (tests/isolation.py).
+pytestmark = pytest.mark.isolated
 
 VOCAB = list(range(len(tinymodel.vocabulary()[0])))
 

@@ -338,6 +338,63 @@ def test_chat_through_runtimed_smollm2(tmp_path: Path) -> None:
             router.close()
 
 
+def test_a_runtimed_provider_is_probed_for_real_and_its_crashes_are_in_words(
+        tmp_path: Path) -> None:
+    """TestProvider runs a one-token completion through runtimed and says
+    which CPU code its engine runs; a request whose engine worker dies is
+    answered 502 saying so, not with a lost connection, and the next one
+    is served by a new worker."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not importable")
+    import os
+    import signal
+    import threading
+    import time
+
+    from syntrop.interfaces.runtime import Runtime1
+    from syntrop.varlink.client import connect
+
+    (tmp_path / "config").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config" / "routerd.toml").write_text(
+        '[http]\nlisten = ["127.0.0.1:0"]\n'
+        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n')
+    with ExitStack() as stack, model_node(tmp_path, stack) as runtimed:
+        daemon = stack.enter_context(activated("routerd", tmp_path))
+        router = Router(daemon.address, daemon.process.pid)
+
+        async def engine() -> Any:
+            async with await connect(Runtime1, address=runtimed.address, timeout=60) as client:
+                return await client.GetEngine()
+
+        try:
+            probe = router.iface.TestProvider(provider="local")
+            assert probe["ok"], probe
+            assert "smollm2 answered 1 token" in probe["detail"]
+            assert "CPU backend" in probe["detail"]  # and which, on which CPU
+            worker = next(w for w in asyncio.run(engine())["workers"] if w.model == "smollm2")
+            answers: list[tuple[int, Any]] = []
+            counting = {"model": "smollm2", "prompt": "Count: 1, 2, 3, 4, 5,", "max_tokens": 1500,
+                        "temperature": 0}  # goes on for long
+            asking = threading.Thread(target=lambda: answers.append(router.request(
+                "POST", "/v1/completions", counting, timeout=120)))
+            asking.start()
+            deadline = time.monotonic() + 60
+            while asyncio.run(engine())["workers"][0].calls < worker.calls + 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # generating
+            os.kill(worker.pid, signal.SIGSEGV)
+            asking.join(60)
+            status, answer = answers[0]
+            assert status == 502, answer
+            assert "runtimed's engine for smollm2 crashed (signal 11, SIGSEGV)" in \
+                json.dumps(answer), answer
+            status, again = router.request("POST", "/v1/chat/completions", _chat_body(
+                "smollm2", max_tokens=4, temperature=0), timeout=120)
+            assert status == 200, again
+        finally:
+            router.close()
+
 
 def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> None:
     for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",

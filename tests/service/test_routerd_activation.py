@@ -18,7 +18,7 @@ import pytest
 import varlink
 
 from syntrop.cli.launcher import DAEMONS
-from tests.support import environment, stop
+from tests.support import dies_with_us, environment, stop
 
 DAEMON = next(d for d in DAEMONS if d.program == "routerd")
 
@@ -45,11 +45,11 @@ def activated(tmp_path: Path) -> Iterator[Activated]:
     env = environment(tmp_path, DAEMON)
     port = _free_port()
     varlink_path, http_path = tmp_path / "run" / DAEMON.interface, tmp_path / "run" / "router.sock"
-    process = subprocess.Popen(
+    process = subprocess.Popen(dies_with_us(
         [tool, "-l", str(varlink_path), "-l", f"127.0.0.1:{port}", "-l", str(http_path),
          "--fdname=varlink", *(f"-E{key}={value}" for key, value in env.items()),
          "-ESYNTROP_IDLE_TIMEOUT=0", "-EPYTHONPATH=" + os.environ.get("PYTHONPATH", ""),
-         sys.executable, "-m", DAEMON.module],
+         sys.executable, "-m", DAEMON.module]),
         stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 10

@@ -19,6 +19,8 @@ from tests import tinymodel
 from tests.models import require_llama, smollm2
 
 require_llama()
+#: llama.cpp runs in this process: in a child pytest of its own (tests/isolation.py).
+pytestmark = pytest.mark.isolated
 
 CONTEXTS = int(os.environ.get("SYNTROP_SINKS_CONTEXTS", "4"))
 

@@ -20,6 +20,7 @@ Layout of a launcher directory DIR:
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -31,6 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from syntrop.varlink.server import bind_unix
+
+#: prctl(2) option: the signal a process gets when its parent thread ends.
+PR_SET_PDEATHSIG = 1
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +104,14 @@ def spawn_activated(
     environment = {**os.environ, **env, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "varlink"}
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     log_fd = os.open(log, flags, 0o644) if log else -1
+    # The daemons die with their launcher (as a service's processes with
+    # the service): none is left running if it crashes. Resolved before the
+    # fork; the child only makes the call.
+    prctl = ctypes.CDLL(None).prctl
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only execs
         try:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             # The log first: it may itself be fd 3, which the socket replaces.
             if log_fd >= 0:
                 os.dup2(log_fd, 2)
@@ -167,7 +176,13 @@ class Launcher:
         _, status = os.waitpid(pid, 0)
         slot.state.pid = None
         slot.state.last_exit = os.waitstatus_to_exitcode(status)
-        logger.info("%s exited with %d", slot.daemon.program, slot.state.last_exit)
+        code = slot.state.last_exit
+        if code < 0:
+            logger.warning("%s was killed by signal %d (%s)", slot.daemon.program, -code,
+                           signal.Signals(-code).name if -code in signal.valid_signals()
+                           else "unknown")
+        else:
+            logger.info("%s exited with %d", slot.daemon.program, code)
         if not self.stopped.is_set():
             self._watch(slot)
         self._write_status()

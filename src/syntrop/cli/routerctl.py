@@ -17,11 +17,11 @@ from typing import Any
 MIB = 1024 * 1024
 
 
-async def _call(method: str, **params: Any) -> Any:
+async def _call(method: str, *, timeout: float | None = None, **params: Any) -> Any:
     from syntrop.interfaces.router import Router1
-    from syntrop.varlink.client import connect
+    from syntrop.varlink.client import DEFAULT_TIMEOUT, connect
 
-    async with await connect(Router1) as router:
+    async with await connect(Router1, timeout=timeout or DEFAULT_TIMEOUT) as router:
         return await getattr(router, method)(**params)
 
 
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
             print(format_providers(asyncio.run(_call("ListProviders"))["providers"]))
         elif args.command == "test":
             print(f"[TEST] Probing provider '{args.provider}'...")
-            result = asyncio.run(_call("TestProvider", provider=args.provider))
+            # A real probe: runtimed may load the model first.
+            result = asyncio.run(_call("TestProvider", timeout=90.0, provider=args.provider))
             mark = "OK" if result["ok"] else "FAIL"
             print(f"[{mark}] {result['detail']} in {result['latency_ms']:.1f}ms.")
             if not result["ok"]:

@@ -44,8 +44,14 @@ def _guard(coroutine: Any) -> int:
     try:
         return int(asyncio.run(coroutine))
     except VarlinkErrorReply as error:
+        from syntrop.interfaces.runtime import in_words
+
+        parameters = error.paramstojson()
+        words = in_words(error.name, parameters)
+        if words is not None:
+            raise RunError(words) from None
         name = error.name.rsplit(".", 1)[-1]
-        raise RunError(f"runtimed answered {name} {json.dumps(error.paramstojson())}") from None
+        raise RunError(f"runtimed answered {name} {json.dumps(parameters)}") from None
     except (ConnectionError, EOFError):
         raise RunError("lost the connection to runtimed") from None
 

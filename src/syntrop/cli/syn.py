@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from syntrop.cli.launcher import DAEMONS, default_directory
 
@@ -68,6 +69,48 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def exit_words(code: int | None) -> str:
+    """A wait status as os.waitstatus_to_exitcode gives it, in words."""
+    if code is None:
+        return "-"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+def _failed(code: int | None) -> bool:
+    """Whether a daemon's last exit was a failure (idle exits are 0; syn
+    down stops daemons with SIGTERM, as systemd does)."""
+    return code not in (None, 0, -signal.SIGTERM)
+
+
+def _engine(directory: Path) -> dict[str, Any] | None:
+    """runtimed's engine and workers (Runtime1.GetEngine), asked only while
+    runtimed runs: a call would start an idle one."""
+    import asyncio
+
+    from syntrop.interfaces.runtime import Runtime1
+    from syntrop.varlink.client import connect
+
+    async def ask() -> dict[str, Any]:
+        address = directory / "run" / Runtime1.name
+        async with await connect(Runtime1, address=address, timeout=5) as runtime:
+            engine = await runtime.GetEngine()
+        workers = [{"model": w.model, "state": w.state, "pid": w.pid, "crashes": w.crashes,
+                    "last_exit": w.last_exit, "last_signal": w.last_signal,
+                    "retry_after_s": w.retry_after_s} for w in engine["workers"]]
+        return {"cpu": engine["cpu"], "build": engine["build"], "variant": engine["variant"],
+                "amx": engine["amx"], "workers": workers}
+
+    try:
+        return asyncio.run(ask())
+    except Exception:  # runtimed went idle meanwhile, or is older: nothing to show
+        return None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     pid = _launcher_pid(directory)
@@ -82,33 +125,49 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Like systemctl status, this asks the launcher, not the daemons: a
         # call would start an idle daemon, or keep a running one from idling.
         running = pid is not None and bool(state.get("pid"))
+        last_exit = state.get("last_exit")
         rows.append(
             {
                 "daemon": daemon.program,
                 "interface": daemon.interface,
                 "socket": str(path),
-                "state": "running" if running else "listening" if pid is not None else "down",
+                "state": "running" if running else "down" if pid is None
+                else "failed" if _failed(last_exit) else "listening",
                 "pid": state.get("pid"),
                 "starts": state.get("starts", 0),
-                "last_exit": state.get("last_exit"),
+                "last_exit": last_exit,
             }
         )
+    runtimed = next(row for row in rows if row["daemon"] == "runtimed")
+    engine = _engine(directory) if runtimed["state"] == "running" else None
     if args.json:
-        print(json.dumps({"directory": str(directory), "launcher_pid": pid, "daemons": rows}))
+        print(json.dumps({"directory": str(directory), "launcher_pid": pid, "daemons": rows,
+                          "engine": engine}))
         return 0 if pid is not None else 3
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
     table = Table(title=f"syntrop in {directory}" + ("" if pid else " (down)"), box=None)
-    for column in ("DAEMON", "STATE", "PID", "STARTS", "LAST EXIT", "SOCKET"):
-        table.add_column(column)
+    for column in ("DAEMON", "STATE", "PID", "STARTS", "LAST EXIT"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("SOCKET", overflow="fold")  # the long one gives way
     for row in rows:
-        last_exit = row["last_exit"]
         table.add_row(
             row["daemon"], row["state"], str(row["pid"] or "-"), str(row["starts"]),
-            "-" if last_exit is None else str(last_exit), row["socket"],
+            exit_words(row["last_exit"]), row["socket"],
         )
-    Console().print(table)
+    console.print(table)
+    if engine is not None:
+        where = f"CPU backend {engine['variant']}" if engine["variant"] else "built-in CPU backend"
+        workers = Table(title=f"runtimed's engine: {where} on {engine['cpu']}", box=None)
+        for column in ("MODEL", "STATE", "PID", "CRASHES", "LAST EXIT"):
+            workers.add_column(column)
+        for worker in engine["workers"]:
+            state = "running" if worker["state"] == "running" else f"failed ({worker['state']})"
+            workers.add_row(worker["model"], state, str(worker["pid"] or "-"),
+                            str(worker["crashes"]), worker["last_exit"] or "-")
+        console.print(workers)
     # Like systemctl status: 3 when not running.
     return 0 if pid is not None else 3
 

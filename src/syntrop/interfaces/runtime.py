@@ -5,9 +5,9 @@ EnsurePrefix → PrefillSuffix → Decode, ContextManifest as cache key, Fence a
 owner epoch).
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
@@ -578,6 +578,37 @@ class SessionLost(TypedVarlinkErrorReply, interface=NAME):
         session_id: str
         model: str
         reason: str
+
+
+def in_words(name: str, parameters: Mapping[str, Any]) -> str | None:
+    """A Runtime1 error a person can act on, for clients that print it
+    (syn run, routerd's error bodies); None for errors without words here."""
+    error = name.rsplit(".", 1)[-1]
+    model = parameters.get("model", "?")
+    if error == "EngineCrashed":
+        number = parameters.get("signal")
+        if number is not None:
+            import signal
+
+            try:
+                named = f", {signal.Signals(number).name}"
+            except ValueError:
+                named = ""
+            return f"runtimed's engine for {model} crashed (signal {number}{named})"
+        if parameters.get("exit_status") is not None:
+            return f"runtimed's engine for {model} exited with status {parameters['exit_status']}"
+        reason = parameters.get("reason", "no reason given")
+        return f"runtimed's engine for {model} failed: {reason}"
+    if error == "EngineFailing":
+        return (f"runtimed's engine for {model} crashed {parameters.get('crashes')} times in "
+                f"{parameters.get('window_s', 0):g} s ({parameters.get('reason')}); "
+                f"runtimed tries it again in {parameters.get('retry_after_s', 0):g} s")
+    if error == "SessionLost":
+        return (f"session {parameters.get('session_id')} was lost with runtimed's engine for "
+                f"{model} ({parameters.get('reason')}): open a new one")
+    if error == "ModelNotFound":
+        return f"modeld has no model named {model} (syn list shows them, syn pull adds one)"
+    return None
 
 
 class Runtime1(Interface, name=NAME):

@@ -26,6 +26,9 @@ from syntrop.routerd.http import HTTPServer
 from syntrop.routerd.providers import ProviderError
 from syntrop.varlink import implements
 
+#: Seconds a real probe of a provider may take (runtimed: a model load and a token).
+PROBE_TIMEOUT = 60.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -135,14 +138,21 @@ class RouterService(Router1):
         if target is None:
             raise ProviderNotFound(provider=provider)
         started = time.monotonic()
+        probe = getattr(target, "probe", None)
         try:
-            models = await asyncio.wait_for(target.list_models(), DISCOVERY_TIMEOUT)
+            if probe is not None:
+                # A provider that can run a real request does (runtimed: its
+                # engine's state and a one-token completion, a model load
+                # included); the others are asked for their models.
+                detail = await asyncio.wait_for(probe(), PROBE_TIMEOUT)
+            else:
+                models = await asyncio.wait_for(target.list_models(), DISCOVERY_TIMEOUT)
+                detail = f"answered with {len(models)} model(s)"
         except (ProviderError, TimeoutError) as failure:
             return TestResult(ok=False, latency_ms=round((time.monotonic() - started) * 1000, 2),
                               detail=str(failure) or "no answer in time")
         latency = (time.monotonic() - started) * 1000
-        return TestResult(ok=True, latency_ms=round(latency, 2),
-                          detail=f"answered with {len(models)} model(s)")
+        return TestResult(ok=True, latency_ms=round(latency, 2), detail=detail)
 
     @implements
     async def Reload(self) -> None:

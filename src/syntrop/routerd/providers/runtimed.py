@@ -29,14 +29,20 @@ def _sampling(body: dict[str, Any]) -> Any:
 
 def _failed(error: Exception) -> ProviderError:
     """A runtimed call's failure in OpenAI's terms: a refused request 400 (no
-    retry elsewhere), a timeout 504, anything else 502."""
+    retry elsewhere), a timeout 504, an engine refused after crashing too
+    often 503, anything else 502; engine crashes in words."""
     from asyncvarlink import VarlinkErrorReply
 
+    from syntrop.interfaces.runtime import in_words
     from syntrop.varlink.client import CallTimeout
 
     if isinstance(error, VarlinkErrorReply):
         if error.name.endswith(("InvalidParameter", "InvalidSampling", "InvalidConstraint")):
             return ProviderError(400, f"runtimed answered {error.name}", retryable=False)
+        words = in_words(error.name, error.paramstojson()) \
+            if error.name.endswith(("EngineCrashed", "EngineFailing")) else None
+        if words is not None:
+            return ProviderError(503 if error.name.endswith("EngineFailing") else 502, words)
         return ProviderError(502, f"runtimed answered {error.name}")
     if isinstance(error, CallTimeout):
         return ProviderError(504, "runtimed did not answer in time")
@@ -171,6 +177,37 @@ class RuntimedProvider:
                 "created": int(time.time()), "model": body["model"],
                 "choices": [{"index": 0, "text": text, "finish_reason": finish or "stop"}],
                 "usage": usage}
+
+    async def probe(self) -> str:
+        """A real check (Router1.TestProvider): runtimed's engine state and a
+        one-token completion on the first configured model; what it saw,
+        or ProviderError saying what failed."""
+        from syntrop.interfaces.runtime import Sampling
+
+        started = time.monotonic()
+        client = await self._client()
+        try:
+            async with client:
+                engine = await client.GetEngine()
+                where = (f"CPU backend {engine['variant']}" if engine["variant"]
+                         else "its built-in CPU backend") + f" on {engine['cpu']}"
+                failing = [w for w in engine["workers"] if w.state != "running"]
+                if not self.config.models:
+                    return f"engine: {where}; no model configured to try"
+                model = self.config.models[0]
+                tokens = 0
+                async for reply in client.Complete(
+                        model=model, prompt="Hello",
+                        sampling=Sampling(max_tokens=1, temperature=0.0, top_p=None, top_k=None,
+                                          seed=1, stop=None)):
+                    tokens += (reply["chunk"] if isinstance(reply, dict) else reply).tokens
+        except Exception as error:
+            raise _failed(error) from None
+        detail = (f"engine: {where}; {model} answered {tokens} token in "
+                  f"{(time.monotonic() - started) * 1000:.0f} ms")
+        if failing:
+            detail += "; " + ", ".join(f"{w.model} {w.state} ({w.last_exit})" for w in failing)
+        return detail
 
     async def list_models(self) -> list[str]:
         """The configured models, once runtimed answers on its socket."""
