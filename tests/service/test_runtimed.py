@@ -374,7 +374,7 @@ def test_syn_run_one_shot_and_ps(node: Node) -> None:
                                                       re.MULTILINE), table.stdout
     missing = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "run", "nope", "hi"],
                              env=env, capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 1 and "ModelNotFound" in missing.stderr
+    assert missing.returncode == 1 and "no model named nope" in missing.stderr
 
 
 def test_beyond_slots_and_queue_is_busy(tmp_path: Path) -> None:

@@ -227,8 +227,11 @@ class Residency:
         under `loading`); bytes freed."""
         freed = 0
         for name in names:
-            resident = self.models.pop(name)
+            # Gone from GetLoad only once its worker (and so modeld's
+            # descriptor) is: then modeld no longer counts it in use.
+            resident = self.models[name]
             await resident.worker.stop()
+            self.models.pop(name, None)  # `_exited` may have taken it already
             freed += resident.size
             logger.info("unloaded %s: %s", name, why)
         return freed

@@ -46,7 +46,7 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
                 ) -> AsyncIterator[AnnotatedResult]:
     """Stream `call`'s events as replies (see the module's docstring);
     `on_text` sees the answer's text, `on_result` the worker's result."""
-    times = {"received": received}
+    times = {"received": received, "sent": call.sent}
     given_back = False
 
     def give_back(*_: object) -> None:
@@ -71,10 +71,11 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
             item = held if held is not None else await queue.get()
             held = None
             event, message, _ = item
-            if event == "first":
-                times["engine_start"] = float(message.get("started", 0.0))
-                times["first_token"] = float(message.get("at", 0.0))
-                continue
+            if "first" in message:  # the engine's first-token times ride along
+                first = message["first"]
+                times.update(worker_received=float(first.get("received", 0.0)),
+                             engine_start=float(first.get("started", 0.0)),
+                             first_token=float(first.get("at", 0.0)), first_seen=time.monotonic())
             if event == "error":
                 give_back()
                 raise worker.error(message)

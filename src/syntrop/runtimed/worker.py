@@ -38,27 +38,48 @@ logger = logging.getLogger("syntrop.runtimed.worker")
 PR_SET_PDEATHSIG = 1
 #: Exit status of a worker that could not start its engine.
 EXIT_ENGINE = 3
+#: Most calls a worker runs at once (runtimed's slots and queue keep far
+#: fewer streams in flight; the rest are short calls).
+THREADS = 64
 
 
 class WireSink:
     """A stream's pieces, sent to runtimed as they come."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None], rid: int,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, received: float) -> None:
         self._send = send
         self.rid = rid
         self.stop = stop
+        self.received = received
         self.started = time.monotonic()
 
+        #: When the first token was sampled: sent with the next message.
+        self._first: dict[str, float] | None = None
+
+    def _piece(self, event: str, text: str, tokens: int) -> None:
+        message: dict[str, Any] = {"id": self.rid, "event": event, "text": text,
+                                   "tokens": tokens}
+        if self._first is not None:
+            message["first"], self._first = self._first, None
+        self._send(message)
+
     def emit(self, text: str, tokens: int) -> None:
-        self._send({"id": self.rid, "event": "piece", "text": text, "tokens": tokens})
+        self._piece("piece", text, tokens)
 
     def think(self, text: str, tokens: int) -> None:
-        self._send({"id": self.rid, "event": "think", "text": text, "tokens": tokens})
+        self._piece("think", text, tokens)
 
     def first(self) -> None:
-        self._send({"id": self.rid, "event": "first", "started": self.started,
-                    "at": time.monotonic()})
+        # Times for runtimed's trace, carried by the first piece rather than
+        # a message of their own (one wake-up less before the first reply).
+        self._first = {"received": self.received, "started": self.started,
+                       "at": time.monotonic()}
+
+    def times(self) -> dict[str, float] | None:
+        """First-token times not sent yet (a stream that emitted nothing)."""
+        first, self._first = self._first, None
+        return first
 
 
 def _die_with_parent(parent: int) -> None:
@@ -103,11 +124,16 @@ class Worker:
     """Requests in, replies out; one thread per request."""
 
     def __init__(self, endpoint: Any, host: Any, choice: Any) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.endpoint = endpoint
         self.host = host
         self.choice = choice
         self.running: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
+        # Threads kept for the next request (starting one costs more than
+        # the hop from runtimed); runtimed's slots bound how many run.
+        self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="call")
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         try:
@@ -133,17 +159,16 @@ class Worker:
             stop = threading.Event()
             with self._lock:
                 self.running[rid] = stop
-            threading.Thread(target=self.handle, args=(rid, op, message.get("args") or {},
-                                                       fds, stop),
-                             name=f"{op}-{rid}", daemon=True).start()
+            self._pool.submit(self.handle, rid, op, message.get("args") or {}, fds, stop,
+                              time.monotonic())
 
     def handle(self, rid: int, op: str, args: dict[str, Any], fds: list[int],
-               stop: threading.Event) -> None:
+               stop: threading.Event, received: float) -> None:
         from asyncvarlink import VarlinkErrorReply
 
         from syntrop.runtimed.host import check_constraint
 
-        sink = WireSink(self.send, rid, stop)
+        sink = WireSink(self.send, rid, stop, received)
         try:
             result, out = self.dispatch(op, args, fds, sink)
         except VarlinkErrorReply as error:
@@ -160,8 +185,11 @@ class Worker:
                 self.send({"id": rid, "event": "error",
                            "error": {"name": None, "message": f"{type(error).__name__}: {error}"}})
         else:
+            done: dict[str, Any] = {"id": rid, "event": "done", "result": result}
+            if (first := sink.times()) is not None:
+                done["first"] = first
             try:
-                self.send({"id": rid, "event": "done", "result": result}, out)
+                self.send(done, out)
             finally:
                 for fd in out:
                     os.close(fd)

@@ -112,6 +112,8 @@ class Call:
     id: int
     op: str
     label: str
+    #: CLOCK_MONOTONIC when it was sent (the benchmark's trace).
+    sent: float = 0.0
     events: asyncio.Queue[tuple[str, dict[str, Any], list[int]]] = \
         field(default_factory=asyncio.Queue)
     finished: asyncio.Future[None] = field(
@@ -206,7 +208,7 @@ class Worker:
         reader takes them from there: streams.py)."""
         if not self.alive:
             raise WorkerGone(self.model, self.exit, self._gone_reason())
-        call = Call(next(self._ids), op, label or op)
+        call = Call(next(self._ids), op, label or op, time.monotonic())
         self._calls[call.id] = call
         try:
             self.link.send({"id": call.id, "op": op, "args": args}, fds)
