@@ -7,10 +7,11 @@ worker (workers.py) and hands the descriptor over; the worker loads it.
 The descriptor's shared lock travels with it, so modeld sees the model in
 use for as long as the worker lives.
 
-Every request and open session holds its model (`hold` / `release`); one
-that nothing holds is unloaded after the keep-alive, at once under memory
-pressure, or on request (service.py decides, `unload` does it): its worker
-is asked to exit.
+Every request holds its model (`hold` / `release`), and so does every open
+session (`in_use`, from the service); one that nothing holds is unloaded
+after the keep-alive, at once under memory pressure (`some avg10` of
+`pressure_file` over `unload_pressure`; the service then sheds contexts
+and sessions too), or on request: its worker is asked to exit.
 
 A worker that dies unasked is a crash. Its calls fail at once (workers.py);
 here the model stops being resident, the crash is logged once, with the
@@ -115,6 +116,11 @@ class Residency:
         self.crashes: dict[str, Crashes] = {}
         #: Called with (model, exit, calls) when a worker crashes.
         self.on_crash: Callable[[str, Exit, list[str]], None] = lambda *_: None
+        #: Whether something besides calls holds a model (the service's
+        #: sessions), and what to shed besides idle models under pressure.
+        self.in_use: Callable[[Resident], bool] = lambda resident: resident.busy > 0
+        self.on_pressure: Callable[[], Awaitable[None]] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.loading = asyncio.Lock()
         self._board = Board.create()
         self._cells = list(range(CELLS))
@@ -135,6 +141,8 @@ class Residency:
             self.models[name] = resident
             logger.info("loaded %s (sha256 %s) in engine worker %d", name, resident.digest,
                         resident.worker.pid)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
 
     async def _admit(self, name: str) -> None:
@@ -222,6 +230,47 @@ class Residency:
 
     # leaving ----------------------------------------------------------------
 
+    def keep_alive_left(self, resident: Resident, now: float) -> float | None:
+        """Seconds before `resident` is unloaded; None while it is in use."""
+        idle = resident.idle_for(now)
+        if idle is None or self.in_use(resident):
+            return None
+        return max(0.0, self.config.keep_alive - idle)
+
+    async def _keep_alive(self) -> None:
+        """Unload models idle past the keep-alive, or idle at all while memory
+        is under pressure (then shed the rest too), until none is resident."""
+        period = max(0.05, min(self.config.keep_alive / 4, 5.0))
+        while self.models:
+            await asyncio.sleep(period)
+            pressed = self._memory_pressed()
+            async with self.loading:
+                now = time.monotonic()
+                lefts = {name: self.keep_alive_left(resident, now)
+                         for name, resident in self.models.items()}
+                expired = [name for name, left in lefts.items()
+                           if left == 0.0 or (pressed and left is not None)]
+                await self.unload(expired, "under memory pressure" if pressed
+                                  else "idle for its keep-alive")
+            if pressed and self.on_pressure is not None:
+                try:
+                    await self.on_pressure()
+                except (EngineCrashed, OSError) as error:
+                    logger.warning("shedding under memory pressure failed: %s", error)
+
+    def _memory_pressed(self) -> bool:
+        """Whether memory PSI (some, avg10) is over `unload_pressure`."""
+        if not self.config.unload_pressure:
+            return False
+        from syntrop.system import psi
+
+        try:
+            with open(self.config.pressure_file) as source:
+                stalled = psi.parse(source.read()).some.avg10
+        except (OSError, psi.PsiFormatError):
+            return False
+        return stalled > self.config.unload_pressure
+
     async def unload(self, names: list[str], why: str) -> int:
         """Stop the workers of `names` (resident, idle: the caller checked
         under `loading`); bytes freed."""
@@ -257,6 +306,8 @@ class Residency:
         record.total += 1
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for name in list(self.models):
             await self.models.pop(name).worker.stop()
         os.close(self._board)

@@ -7,10 +7,12 @@ process of its own (worker.py, host.py), started and watched by
 residency.py and workers.py, so a native fault ends that model's calls
 with EngineCrashed while every other model, and this face, go on.
 
-Kept here, in the event loop, is what spans models: the slots and their
-queue (slots.py), the session table with its owner fence (sessions.py),
-spilled session state (spill.py), keep-alive and memory-pressure
-shedding, and the CPU choice for the engine (cpu.py), made once.
+Kept in this process, on the event loop, is what spans models: the slots
+and their queue (slots.py), the session table with its owner fence
+(sessions.py), spilled session state (spill.py), what to shed under memory
+pressure, and the CPU choice for the engine (cpu.py), made once. What a
+call asks for is checked first (checks.py); models, their workers and
+keep-alive are residency.py's.
 
 Streams (Complete, Chat, Decode) are relayed by streams.py: each piece the
 worker sends goes out at once; when the client goes away the call is
@@ -31,7 +33,7 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncvarlink import AnnotatedResult
@@ -50,8 +52,6 @@ from syntrop.interfaces.runtime import (
     EngineResult,
     EngineVariant,
     EngineWorker,
-    InvalidConstraint,
-    InvalidSampling,
     LoadedModel,
     LoadResult,
     NoPrefix,
@@ -62,17 +62,15 @@ from syntrop.interfaces.runtime import (
     SessionConfig,
     SessionLost,
     SessionNotFound,
-    Speculative,
     StaleOwner,
     SuffixStatus,
     UnloadResult,
 )
+from syntrop.runtimed import checks
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
-from syntrop.runtimed.engine import KV_TYPES, Options
-from syntrop.runtimed.host import wire_params
+from syntrop.runtimed.engine import Options
 from syntrop.runtimed.residency import Residency, Resident, check_name, crashed
-from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
@@ -81,7 +79,6 @@ from syntrop.runtimed.workers import Call, Exit, WorkerGone
 from syntrop.varlink import InvalidParameter, implements
 
 if TYPE_CHECKING:
-    from syntrop.runtimed import constrain
     from syntrop.runtimed.cpu import Choice
     from syntrop.runtimed.sinks import Journal
 
@@ -93,11 +90,6 @@ MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
 #: Most tokens one Decode of a session with sinks may generate.
 MAX_STREAM_TOKENS = 1 << 20
-#: Journal size of a session with sinks: default and most.
-JOURNAL_BYTES = 16384
-MAX_JOURNAL_BYTES = 1 << 20
-#: Most tokens drafted per speculative step.
-MAX_DRAFT_MAX = 16
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -142,8 +134,9 @@ class RuntimeService(Runtime1):
         self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
         self.residency = Residency(paths.socket(Model1.name), self.config, self.engine)
         self.residency.on_crash = self._crashed
+        self.residency.in_use = self._in_use
+        self.residency.on_pressure = self._shed
         self._choice: asyncio.Future[Choice] | None = None
-        self._sweeper: asyncio.Task[None] | None = None
         self._trace = os.environ.get("SYNTROP_RUNTIMED_TRACE")
 
     @property
@@ -221,39 +214,8 @@ class RuntimeService(Runtime1):
             raise crashed(resident.name, gone) from None
 
     def _in_use(self, resident: Resident) -> bool:
+        """Held by a call, or by a session (spilled ones too)."""
         return resident.busy > 0 or any(s.engine.resident is resident for s in self.table)
-
-    def _keep_alive_left(self, resident: Resident, now: float) -> float | None:
-        """Seconds before `resident` is unloaded; None while it is in use."""
-        idle = resident.idle_for(now)
-        if idle is None or self._in_use(resident):
-            return None
-        return max(0.0, self.config.keep_alive - idle)
-
-    def _sweep(self) -> None:
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.create_task(self._keep_alive())
-
-    async def _keep_alive(self) -> None:
-        """Unload models idle past the keep-alive, or idle at all while memory
-        is under pressure, until none is resident."""
-        period = max(0.05, min(self.config.keep_alive / 4, 5.0))
-        while self.models:
-            await asyncio.sleep(period)
-            pressed = self._memory_pressed()
-            async with self.residency.loading:
-                now = time.monotonic()
-                lefts = {name: self._keep_alive_left(resident, now)
-                         for name, resident in self.models.items()}
-                expired = [name for name, left in lefts.items()
-                           if left == 0.0 or (pressed and left is not None)]
-                await self.residency.unload(expired, "under memory pressure" if pressed
-                                            else "idle for its keep-alive")
-            if pressed:
-                try:
-                    await self._shed()
-                except (EngineCrashed, OSError) as error:
-                    logger.warning("shedding under memory pressure failed: %s", error)
 
     async def _shed(self) -> None:
         """Under memory pressure, beyond unloading idle models: close the
@@ -270,23 +232,8 @@ class RuntimeService(Runtime1):
             logger.info("memory pressure: closed %d idle contexts, spilled %d sessions, "
                         "moved %d bytes of session state to disk", closed, spilled, moved)
 
-    def _memory_pressed(self) -> bool:
-        """Whether memory PSI (some, avg10) is over `unload_pressure`."""
-        if not self.config.unload_pressure:
-            return False
-        from syntrop.system import psi
-
-        try:
-            with open(self.config.pressure_file) as source:
-                stalled = psi.parse(source.read()).some.avg10
-        except (OSError, psi.PsiFormatError):
-            return False
-        return stalled > self.config.unload_pressure
-
     async def _hold(self, model: str) -> Resident:
-        resident = await self.residency.hold(model)
-        self._sweep()
-        return resident
+        return await self.residency.hold(model)
 
     @implements
     async def Unload(self, *, model: str | None = None) -> UnloadResult:
@@ -295,35 +242,11 @@ class RuntimeService(Runtime1):
         async with self.residency.loading:
             now = time.monotonic()
             names = [n for n in self.models if model is None or n == model]
-            idle = [n for n in names if self._keep_alive_left(self.models[n], now) is not None]
+            idle = [n for n in names
+                    if self.residency.keep_alive_left(self.models[n], now) is not None]
             freed = await self.residency.unload(idle, "asked to")
         return {"unloaded": idle, "in_use": [n for n in names if n not in idle],
                 "freed_bytes": freed}
-
-    def _options(self, config: SessionConfig | None = None, *, embedding: bool = False) -> Options:
-        c = config or SessionConfig(n_ctx=None, n_batch=None, n_threads=None, n_gpu_layers=None,
-                                    flash_attn=None, kv_cache_type=None, prompt_format=None,
-                                    disable_bos=None)
-        checks = (("n_ctx", c.n_ctx, 16, 1 << 17), ("n_batch", c.n_batch, 1, 1 << 14),
-                  ("n_threads", c.n_threads, 0, 1024), ("n_gpu_layers", c.n_gpu_layers, 0, 1024))
-        for parameter, value, low, high in checks:
-            if value is not None and not low <= value <= high:
-                raise InvalidParameter(parameter=f"config.{parameter}")
-        kv_cache_type = c.kv_cache_type or "f16"
-        if kv_cache_type not in KV_TYPES:
-            raise InvalidParameter(parameter="config.kv_cache_type")
-        if kv_cache_type != "f16" and c.flash_attn is False:
-            # llama.cpp quantises the V cache only with flash attention.
-            raise InvalidParameter(parameter="config.flash_attn")
-        return Options(
-            n_ctx=c.n_ctx or self.config.n_ctx,
-            n_batch=c.n_batch or 512,
-            n_threads=c.n_threads if c.n_threads is not None else self.config.n_threads,
-            n_gpu_layers=c.n_gpu_layers or 0,
-            flash_attn=bool(c.flash_attn),
-            embedding=embedding,
-            kv_cache_type=kv_cache_type,
-        )
 
     async def _slot(self, keep: Seat | None = None) -> None:
         """Take a slot; when none is free, spill the least recently used idle
@@ -416,97 +339,15 @@ class RuntimeService(Runtime1):
 
     # streams --------------------------------------------------------------------
 
-    def _params(self, sampling: Sampling | None, n_ctx: int) -> Params:
-        s = sampling or Sampling(max_tokens=None, temperature=None, top_p=None, top_k=None,
-                                 seed=None, stop=None)
-        try:
-            return validate(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                            top_k=s.top_k, seed=s.seed, stop=s.stop, min_p=s.min_p,
-                            reasoning_budget=s.reasoning_budget, n_ctx=n_ctx)
-        except SamplingError as error:
-            raise InvalidSampling(parameter=error.parameter, reason=error.reason) from None
-
-    async def _constraint(self, constraint: Constraint | None,
-                          ) -> "constrain.Constraint | None":
-        """Compile a request's constraint (llguidance, jsonschema: imported on
-        the first constrained request), or answer InvalidConstraint. The
-        worker gets the compiled grammar."""
-        if constraint is None:
-            return None
-        from syntrop.runtimed import constrain
-
-        kinds = [k for k, v in (("json_schema", constraint.json_schema),
-                                ("regex", constraint.regex),
-                                ("varlink", constraint.interface or constraint.method))
-                 if v is not None]
-        if len(kinds) != 1:
-            raise InvalidConstraint(reason="ambiguous", message="set exactly one of json_schema, "
-                                    "regex, or interface with method")
-        try:
-            if constraint.json_schema is not None:
-                return await asyncio.to_thread(constrain.from_json_schema, constraint.json_schema)
-            if constraint.regex is not None:
-                return await asyncio.to_thread(constrain.from_regex, constraint.regex)
-            if not constraint.interface or not constraint.method:
-                raise constrain.ConstraintError("ambiguous", "interface and method go together")
-            return await asyncio.to_thread(constrain.from_varlink, constraint.interface,
-                                           constraint.method)
-        except constrain.ConstraintError as error:
-            raise InvalidConstraint(reason=error.reason, message=error.message[:512]) from None
-
-    @staticmethod
-    def _bounded(params: Params, compiled: "constrain.Constraint | None", n_ctx: int) -> Params:
-        """A constrained stream decodes at least its constraint's bound (and
-        the end token), so max_tokens never cuts a value short."""
-        if compiled is None or compiled.max_tokens is None:
-            return params
-        return replace(params, max_tokens=min(n_ctx, max(params.max_tokens,
-                                                         compiled.max_tokens + 1)))
-
-    @staticmethod
-    def _thinking(params: Params, compiled: "constrain.Constraint | None") -> None:
-        if params.reasoning_budget is not None and compiled is not None:
-            raise InvalidConstraint(reason="unsupported", message="a constraint cannot follow "
-                                    "thinking yet: send constraint or reasoning_budget")
-
-    @staticmethod
-    def _speculative(sampling: Sampling | None, params: Params,
-                     compiled: "constrain.Constraint | None") -> Speculative | None:
-        """The request's speculative decoding, checked."""
-        spec = sampling.speculative if sampling is not None else None
-        if spec is None:
-            return None
-        if spec.draft_max is not None and not 1 <= spec.draft_max <= MAX_DRAFT_MAX:
-            raise InvalidSampling(parameter="speculative.draft_max",
-                                  reason=f"1 to {MAX_DRAFT_MAX}")
-        if spec.draft is not None:
-            check_name(spec.draft, "sampling.speculative.draft")
-        if compiled is not None:
-            raise InvalidConstraint(reason="unsupported", message="a constraint cannot "
-                                    "follow speculative decoding yet: send one of them")
-        if params.reasoning_budget is not None:
-            raise InvalidSampling(parameter="speculative",
-                                  reason="not with a reasoning budget")
-        return spec
-
-    @staticmethod
-    def _decoding(params: Params, compiled: "constrain.Constraint | None",
-                  spec: Speculative | None) -> dict[str, Any]:
-        """How a worker decodes, as it reads it."""
-        return {"params": wire_params(params),
-                "constraint": asdict(compiled) if compiled is not None else None,
-                "speculative": None if spec is None else {"draft": spec.draft,
-                                                          "draft_max": spec.draft_max}}
-
     async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
                         constraint: Constraint | None, label: str,
                         ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
-        options = self._options()
-        compiled = await self._constraint(constraint)
-        params = self._bounded(self._params(sampling, options.n_ctx), compiled, options.n_ctx)
-        self._thinking(params, compiled)
-        speculative = self._speculative(sampling, params, compiled)
+        options = checks.options(None, self.config)
+        compiled = await checks.constraint(constraint)
+        params = checks.bounded(checks.params(sampling, options.n_ctx), compiled, options.n_ctx)
+        checks.thinking(params, compiled)
+        speculative = checks.speculative(sampling, params, compiled)
         # What the request holds, given back (in reverse) when its work ends.
         held = contextlib.ExitStack()
         try:
@@ -521,7 +362,7 @@ class RuntimeService(Runtime1):
                 held.callback(self._batch_left, resident)
             call = self._open(resident, "generate",
                               {**prompt, "options": asdict(options),
-                               **self._decoding(params, compiled, speculative)}, label=label)
+                               **checks.decoding(params, compiled, speculative)}, label=label)
         except BaseException:
             held.close()
             raise
@@ -561,7 +402,7 @@ class RuntimeService(Runtime1):
     async def Embed(self, *, model: str, input: list[str]) -> EmbedResult:
         if not input or len(input) > MAX_INPUTS or any(len(t) > MAX_TEXT for t in input):
             raise InvalidParameter(parameter="input")
-        options = self._options(embedding=True)
+        options = checks.options(None, self.config, embedding=True)
         resident = await self._hold(model)
         try:
             await self._slot()
@@ -623,8 +464,8 @@ class RuntimeService(Runtime1):
     ) -> OpenSessionResult:
         if not owner_instance_id or len(owner_instance_id) > 256:
             raise InvalidParameter(parameter="owner_instance_id")
-        options = self._options(config)
-        sinks, journal = self._window(config, options.n_ctx)
+        options = checks.options(config, self.config)
+        sinks, journal = checks.window(config, options.n_ctx)
         lora = config.lora if config else None
         scale = config.lora_scale if config and config.lora_scale is not None else 1.0
         if not 0.0 <= scale <= 4.0:
@@ -657,22 +498,6 @@ class RuntimeService(Runtime1):
         self.table.add(owner=owner_instance_id, model=model, engine=seat,
                        add_bos=not (config and config.disable_bos), session_id=session_id)
         return {"session_id": session_id, "owner_instance_id": owner_instance_id}
-
-    @staticmethod
-    def _window(config: SessionConfig | None, n_ctx: int) -> tuple[int | None, "Journal | None"]:
-        """A session's sinks and journal, when its configuration asks for them."""
-        if config is None or config.sinks is None:
-            if config is not None and config.journal_bytes is not None:
-                raise InvalidParameter(parameter="config.journal_bytes")
-            return None, None
-        if not 0 <= config.sinks <= n_ctx // 2:
-            raise InvalidParameter(parameter="config.sinks")
-        size = JOURNAL_BYTES if config.journal_bytes is None else config.journal_bytes
-        if not 1 <= size <= MAX_JOURNAL_BYTES:
-            raise InvalidParameter(parameter="config.journal_bytes")
-        from syntrop.runtimed.sinks import Journal
-
-        return config.sinks, Journal(size)
 
     @implements
     async def EnsurePrefix(
@@ -752,14 +577,14 @@ class RuntimeService(Runtime1):
         session = self._session(session_id)
         if session.manifest_digest is None:
             raise NoPrefix(session_id=session_id)
-        compiled = await self._constraint(constraint)
+        compiled = await checks.constraint(constraint)
         seat = session.engine
         # With sinks a Decode may run past the window (the worker says when
         # it cannot: a constraint or a reasoning budget stops at its end).
         limit = MAX_STREAM_TOKENS if seat.sinks is not None else seat.n_ctx
-        params = self._bounded(self._params(sampling, limit), compiled, seat.n_ctx)
-        self._thinking(params, compiled)
-        speculative = self._speculative(sampling, params, compiled)
+        params = checks.bounded(checks.params(sampling, limit), compiled, seat.n_ctx)
+        checks.thinking(params, compiled)
+        speculative = checks.speculative(sampling, params, compiled)
         held = contextlib.ExitStack()
         await self._wake(session)
         held.callback(self._rest, session)
@@ -770,7 +595,7 @@ class RuntimeService(Runtime1):
                 await self._draft(seat.resident, speculative.draft)
             call = self._open(seat.resident, "decode",
                               {"session": session_id,
-                               **self._decoding(params, compiled, speculative)},
+                               **checks.decoding(params, compiled, speculative)},
                               label="Decode")
         except BaseException:
             held.close()
@@ -836,7 +661,7 @@ class RuntimeService(Runtime1):
                 max(0, self.config.slots - m.batch_running)
             models.append(LoadedModel(name=name, resident_bytes=m.size,
                                       busy=max(0, m.busy - sessions), sessions=sessions,
-                                      keep_alive_s=self._keep_alive_left(m, now),
+                                      keep_alive_s=self.residency.keep_alive_left(m, now),
                                       batch_free=batch_free))
         return {
             "free_slots": self.slots.free,
@@ -888,8 +713,6 @@ class RuntimeService(Runtime1):
 
     async def aclose(self) -> None:
         """Stop every worker and drop spilled state."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
         for session in self.table:
             self.table.remove(session.session_id)
         await asyncio.to_thread(self.spill.clear)
