@@ -2,8 +2,9 @@
 pays for nothing it does not use.
 
 `runtimed verify MODEL_PATH …` checks a model file with the numpy oracle
-(syntrop.runtimed.oracle.cli) instead of serving; every other command line
-starts the daemon, as before."""
+(syntrop.runtimed.oracle.cli) instead of serving; `runtimed engine
+[--json] [--force-amx]` prints which CPU code the engine would run here and
+why (syntrop.runtimed.cpu); every other command line starts the daemon."""
 
 import sys
 
@@ -13,6 +14,10 @@ def main() -> None:
         from syntrop.runtimed.oracle.cli import main as verify
 
         sys.exit(verify(sys.argv[2:]))
+    if sys.argv[1:2] == ["engine"]:
+        from syntrop.runtimed.cpu import main as engine
+
+        sys.exit(engine(sys.argv[2:]))
 
     from syntrop.runtimed.service import RuntimeService
     from syntrop.varlink.daemon import run

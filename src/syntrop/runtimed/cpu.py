@@ -355,7 +355,13 @@ def _probe_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`runtimed engine [--json] [--force-amx]`: the choice, printed."""
     argv = sys.argv[1:] if argv is None else argv
+    unknown = [a for a in argv if a not in ("--json", "--force-amx")]
+    if unknown and argv[:1] != ["probe"]:
+        print(f"runtimed engine: unknown argument {unknown[0]!r} "
+              "(usage: runtimed engine [--json] [--force-amx])", file=sys.stderr)
+        return 2
     if argv[:1] == ["probe"]:
         return _probe_main(argv[1:])
     choice = probe(force_amx="--force-amx" in argv)
@@ -373,4 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `| head`
+        sys.exit(0)
