@@ -146,6 +146,12 @@ def run(instance: Instance, model: Path) -> int:
           f"incident finished {seen:.1f} s after the restart was issued")
     healed = incident["result"] == "healed" and state["ActiveState"] == "active"
     print("healed" if healed else "NOT healed")
+    if incident["decided_by"] != "model":
+        # The demo shows SmolLM2 deciding: healed by the rules alone, it
+        # has not shown that, and says so rather than pass.
+        print(f"demo: the model did not decide (decided_by {incident['decided_by']}); "
+              f"runtimed's journal:\n{instance.journal('runtimed.service', 20)}", file=sys.stderr)
+        return 1
     return 0 if healed else 1
 
 
