@@ -190,3 +190,84 @@ def test_a_model_that_keeps_crashing_is_refused(node: Crashable) -> None:
     assert "SIGSEGV" in error.parameters["reason"]
     assert worker.state == "failing" and worker.pid is None and worker.crashes == 3
     assert load["loaded_models"] == ["smollm2-b"]
+
+
+def test_close_waits_for_a_decode_in_flight(node: Crashable) -> None:
+    """Close from another connection while the session decodes: the Decode
+    finishes, then the context is closed; the worker never frees a context
+    under a running call (that would be a use-after-free in llama.cpp)."""
+    async def main() -> tuple[Any, Any, EngineWorker, EngineWorker, Any]:
+        first, second = await node.runtimed(), await node.runtimed()
+        try:
+            opened = await first.OpenSession(owner_instance_id="close", model="smollm2")
+            sid = opened["session_id"]
+            await first.EnsurePrefix(session_id=sid, text="Count: 1, 2, 3,",
+                                     manifest=manifest())
+            before = await node.worker("smollm2")
+            decoding = first.Decode(session_id=sid, sampling=greedy(max_tokens=120))
+            await first_chunk(decoding)
+            closing = asyncio.ensure_future(second.Close(session_id=sid))
+            last = None
+            async for reply in decoding:
+                last = chunk_of(reply)
+            await closing
+            with pytest.raises(VarlinkErrorReply) as gone:
+                await second.ExplainContext(session_id=sid)
+            load = await second.GetLoad()
+        finally:
+            first.close()
+            second.close()
+        return last, gone.value, before, await node.worker("smollm2"), load
+
+    last, gone, before, after, load = node.run(main())
+    assert last.finish_reason == "length"
+    assert gone.name == RUNTIME + "SessionNotFound"
+    assert after.pid == before.pid and after.crashes == 0
+    assert load["free_slots"] == load["total_slots"]
+
+
+def test_a_caller_leaving_during_a_spill_leaves_the_spilled_session_whole(
+        tmp_path: Path) -> None:
+    """One slot held by an idle session; a completion needs it, so that
+    session is spilled, and the completion's client goes away at once. The
+    spill still completes on both sides: the session comes back warm and
+    every slot is accounted for."""
+    root = tmp_path / "node"
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "runtimed.toml").write_text("[runtimed]\nslots = 1\nqueue = 4\n")
+    prefix = "The quick brown fox jumps over the lazy dog by the river. " * 8
+    with activated("modeld", root), activated("runtimed", root) as runtime:
+        node = Crashable(root, runtime.address, tmp_path / "unused.log")
+
+        async def main() -> tuple[Any, Any, Any]:
+            async with await node.modeld() as modeld:
+                await modeld.Register(name="smollm2", path=str(smollm2()), sha256=SMOLLM2_SHA256)
+            async with await node.runtimed() as client:
+                opened = await client.OpenSession(owner_instance_id="spill", model="smollm2")
+                sid = opened["session_id"]
+                cold = await client.EnsurePrefix(session_id=sid, text=prefix,
+                                                 manifest=manifest())
+                for delay in (0.0, 0.002, 0.01, 0.05):
+                    leaving = await node.runtimed()
+                    stream = leaving.Complete(model="smollm2", prompt="Hi",
+                                              sampling=greedy(max_tokens=2))
+                    task = asyncio.ensure_future(stream.__anext__())
+                    await asyncio.sleep(delay)
+                    task.cancel()
+                    leaving.close()
+                    with pytest.raises((asyncio.CancelledError, Exception)):
+                        await task
+                    warm = await client.EnsurePrefix(session_id=sid, text=prefix,
+                                                     manifest=manifest())
+                    assert warm["reused_tokens"] == cold["prefix_tokens"], delay
+                await client.Close(session_id=sid)
+                for _ in range(100):
+                    load = await client.GetLoad()
+                    if load["free_slots"] == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                return cold, warm, load
+
+        cold, warm, load = node.run(main())
+    assert warm["prefilled_tokens"] == 0 and cold["prefilled_tokens"] > 0
+    assert load["free_slots"] == 1 and load["queue_depth"] == 0

@@ -214,6 +214,7 @@ class Host:
         self.drafts: dict[str, Pool] = {}
         self.seats: dict[str, Seat] = {}
         self._lock = threading.Lock()
+        self._loading_draft = threading.Lock()
 
     # models -------------------------------------------------------------------
 
@@ -225,14 +226,15 @@ class Host:
         return {}
 
     def load_draft(self, name: str, fd: int) -> dict[str, Any]:
-        with self._lock:
-            known = name in self.drafts
-        if known:
-            os.close(fd)
-            return {}
-        pool = Pool.open(name, fd)
-        with self._lock:
-            self.drafts[name] = pool
+        with self._loading_draft:  # two first uses at once load it once
+            with self._lock:
+                known = name in self.drafts
+            if known:
+                os.close(fd)
+                return {}
+            pool = Pool.open(name, fd)
+            with self._lock:
+                self.drafts[name] = pool
         return {}
 
     def _pool(self) -> Pool:
@@ -427,6 +429,14 @@ class Host:
             raise SessionNotFound(session_id=session)
         return seat.engine
 
+    def _still(self, session: str, engine: Engine) -> None:
+        """Under `engine.lock`: the session still has this context (not
+        closed or spilled by a call that held the lock before)."""
+        with self._lock:
+            seat = self.seats.get(session)
+        if seat is None or seat.engine is not engine:
+            raise SessionNotFound(session_id=session)
+
     def _new_context(self, seat: Seat, adapter: str) -> Engine:
         """A context for a session, its adapter applied (AdapterMismatch,
         with the context closed, when the adapter does not fit)."""
@@ -473,6 +483,7 @@ class Host:
     def prefix(self, args: dict[str, Any]) -> dict[str, Any]:
         engine = self._engine(str(args["session"]))
         with engine.lock:
+            self._still(str(args["session"]), engine)
             tokens = engine.tokenize(str(args["text"]), add_bos=bool(args["add_bos"]))
             try:
                 engine.check_fits(len(tokens))
@@ -489,6 +500,7 @@ class Host:
     def suffix(self, args: dict[str, Any]) -> dict[str, Any]:
         engine = self._engine(str(args["session"]))
         with engine.lock:
+            self._still(str(args["session"]), engine)
             tokens = engine.tokenize(str(args["text"]), add_bos=False)
             try:
                 engine.prefill(int(args["prefix_tokens"]), tokens, self.pace)
@@ -512,6 +524,7 @@ class Host:
                 self._drafter(speculative, engine, seat.options, held)
             try:
                 with engine.lock:
+                    self._still(session, engine)
                     if speculative is not None:
                         if window is not None and len(engine.continuation()) >= engine.n_ctx:
                             engine.shift(window, 2)  # room to go on; drafts fit the rest
@@ -538,6 +551,7 @@ class Host:
         seat = self._seat(str(args["session"]))
         engine = self._engine(str(args["session"]))
         with engine.lock:
+            self._still(str(args["session"]), engine)
             saved = engine.save()
             fd = os.memfd_create("syntrop-spill", os.MFD_CLOEXEC)
             try:
@@ -553,7 +567,14 @@ class Host:
         """A spilled session back in a new context from the state behind
         fds[0]; `cold` when that state is lost or does not fit."""
         seat = self._seat(str(args["session"]))
-        engine = self._new_context(seat, str(args.get("lora") or ""))
+        try:
+            if seat.engine is not None:  # runtimed restores a spilled seat only
+                raise InvalidParameter(parameter="session")
+            engine = self._new_context(seat, str(args.get("lora") or ""))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
         cold = False
         try:
             if not fds:

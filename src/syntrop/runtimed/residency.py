@@ -115,7 +115,7 @@ class Residency:
         self.models: dict[str, Resident] = {}
         self.crashes: dict[str, Crashes] = {}
         #: Called with (model, exit, calls) when a worker crashes.
-        self.on_crash: Callable[[str, Exit, list[str]], None] = lambda *_: None
+        self.on_crash: Callable[[Worker, Exit, list[str]], None] = lambda *_: None
         #: Whether something besides calls holds a model (the service's
         #: sessions), and what to shed besides idle models under pressure.
         self.in_use: Callable[[Resident], bool] = lambda resident: resident.busy > 0
@@ -130,12 +130,16 @@ class Residency:
     async def hold(self, name: str) -> Resident:
         """The model, made resident if it is not; held for the caller."""
         check_name(name)
+        if name not in self.models:
+            # The pause after recent crashes is waited out before taking
+            # the lock, which other models' loads and keep-alive need.
+            await self._admit(name)
         async with self.loading:
             resident = self.models.get(name)
             if resident is not None and resident.worker.alive:
                 resident.hold()
                 return resident
-            await self._admit(name)
+            self._refuse(name)
             resident = await self._load(name)
             resident.hold()
             self.models[name] = resident
@@ -145,8 +149,8 @@ class Residency:
                 self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
 
-    async def _admit(self, name: str) -> None:
-        """Wait out the pause after recent crashes, or refuse the model."""
+    def _refuse(self, name: str) -> None:
+        """EngineFailing when `crash_limit` crashes fall within the window."""
         record = self.crashes.get(name)
         if record is None:
             return
@@ -160,6 +164,15 @@ class Residency:
                                 window_s=self.config.crash_window,
                                 retry_after_s=round(max(0.0, retry), 1),
                                 reason=record.last.describe() if record.last else "crashed")
+
+    async def _admit(self, name: str) -> None:
+        """Refuse the model, or wait out the pause after recent crashes."""
+        self._refuse(name)
+        record = self.crashes.get(name)
+        if record is None:
+            return
+        now = time.monotonic()
+        count = len(record.times)
         if count >= 2:
             pause = min(BACKOFF_MAX, BACKOFF * 2 ** (count - 2)) - (now - record.times[-1])
             if pause > 0:
@@ -255,7 +268,7 @@ class Residency:
             if pressed and self.on_pressure is not None:
                 try:
                     await self.on_pressure()
-                except (EngineCrashed, OSError) as error:
+                except Exception as error:  # the sweep goes on whatever failed
                     logger.warning("shedding under memory pressure failed: %s", error)
 
     def _memory_pressed(self) -> bool:
@@ -297,7 +310,7 @@ class Residency:
         logger.error("the engine of %s (pid %d) %s while serving %s", worker.model, worker.pid,
                      exit.describe(), serving)
         self._count(worker.model, exit, calls)
-        self.on_crash(worker.model, exit, calls)
+        self.on_crash(worker, exit, calls)
 
     def _count(self, name: str, exit: Exit | None, calls: list[str]) -> None:
         record = self.crashes.setdefault(name, Crashes())

@@ -32,9 +32,9 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncvarlink import AnnotatedResult
 
@@ -75,7 +75,7 @@ from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.runtimed.streams import relay
-from syntrop.runtimed.workers import Call, Exit, WorkerGone
+from syntrop.runtimed.workers import Call, Exit, Worker, WorkerGone
 from syntrop.varlink import InvalidParameter, implements
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ if TYPE_CHECKING:
     from syntrop.runtimed.sinks import Journal
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+#: Tasks left running for a caller that went away (kept from the collector).
+_BACKGROUND: set["asyncio.Future[Any]"] = set()
 
 MAX_TEXT = 1 << 20
 MAX_MESSAGES = 256
@@ -103,8 +106,9 @@ class Seat:
     resident: Resident
     #: The context is live in the worker (False: spilled, or lost).
     in_worker: bool = True
-    #: Calls using the seat now (a spill waits for none).
+    #: Calls using the seat now (a spill waits for none; Close for all).
     busy: int = 0
+    quiet: asyncio.Event = field(default_factory=asyncio.Event)
     used: float = field(default_factory=time.monotonic)
     resident_tokens: int = 0
     #: Resident tokens while spilled.
@@ -121,6 +125,38 @@ class Seat:
     lost: str | None = None
     released: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _completed(coroutine: Coroutine[Any, Any, T],
+               undo: Callable[[T], Awaitable[None]] | None = None) -> Awaitable[T]:
+    """Run `coroutine` to its end even if the caller is cancelled: it changes
+    state on both sides of a worker (a context made, saved or restored), and
+    stopping it halfway would leave them disagreeing. When the caller has
+    gone, `undo` gets the result (what nobody will ever use is given back)."""
+    task = asyncio.ensure_future(coroutine)
+    _BACKGROUND.add(task)
+
+    def finished(done: "asyncio.Future[T]") -> None:
+        _BACKGROUND.discard(task)
+        if done.cancelled() or done.exception() is not None:
+            return  # an error nobody waits for any more: nothing to undo
+        if undo is not None and abandoned:
+            undoing = asyncio.ensure_future(undo(done.result()))
+            _BACKGROUND.add(undoing)
+            undoing.add_done_callback(_BACKGROUND.discard)
+
+    abandoned = False
+    task.add_done_callback(finished)
+
+    async def wait() -> T:
+        nonlocal abandoned
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            abandoned = True
+            raise
+
+    return wait()
 
 
 class RuntimeService(Runtime1):
@@ -180,13 +216,14 @@ class RuntimeService(Runtime1):
         except WorkerGone as gone:
             raise crashed(resident.name, gone) from None
 
-    def _crashed(self, model: str, exit: Exit, calls: list[str]) -> None:
+    def _crashed(self, worker: Worker, exit: Exit, calls: list[str]) -> None:
         """A model's worker died: its sessions are lost (their slots and
         spilled state freed now; each answers SessionLost until closed)."""
+        model = worker.model
         lost = 0
         for session in self.table:
             seat = session.engine
-            if session.model != model or seat.lost is not None:
+            if seat.resident.worker is not worker or seat.lost is not None:
                 continue
             seat.lost = exit.describe()
             if seat.in_worker:
@@ -267,6 +304,9 @@ class RuntimeService(Runtime1):
         if not idle:
             return False
         session = min(idle, key=lambda s: s.engine.used)
+        return await _completed(self._spill(session))
+
+    async def _spill(self, session: sessions_mod.Session[Seat]) -> bool:
         seat = session.engine
         async with seat.lock:
             if not seat.in_worker:  # spilled (or lost) meanwhile
@@ -279,6 +319,10 @@ class RuntimeService(Runtime1):
             except Exception as error:
                 logger.warning("cannot spill session %s: %s", session.session_id, error)
                 return False
+            if seat.lost is not None:  # the worker died right after answering
+                for fd in fds:
+                    os.close(fd)
+                return True
             seat.in_worker, seat.spilled_tokens = False, int(result["tokens"])
             self.slots.release()
             try:
@@ -296,18 +340,26 @@ class RuntimeService(Runtime1):
         a spilled one); the seat counts as busy until `_rest`."""
         seat = session.engine
         seat.busy += 1
+        seat.quiet.clear()
         try:
-            async with seat.lock:
-                self._check_lost(session)
-                if not seat.in_worker:
-                    await self._restore(session)
+            await _completed(self._ready(session))
         except BaseException:
             self._rest(session)
             raise
 
+    async def _ready(self, session: sessions_mod.Session[Seat]) -> None:
+        seat = session.engine
+        async with seat.lock:
+            self._check_lost(session)
+            if not seat.in_worker:
+                await self._restore(session)
+
     def _rest(self, session: sessions_mod.Session[Seat]) -> None:
-        session.engine.busy -= 1
-        session.engine.used = time.monotonic()
+        seat = session.engine
+        seat.busy -= 1
+        seat.used = time.monotonic()
+        if not seat.busy:
+            seat.quiet.set()
 
     async def _restore(self, session: sessions_mod.Session[Seat]) -> None:
         seat = session.engine
@@ -319,6 +371,9 @@ class RuntimeService(Runtime1):
             result = await self._call(seat.resident, "restore",
                                       {"session": session.session_id, "lora": seat.lora},
                                       [fd] if fd is not None else [], label="restore")
+            # The worker may have died right after answering: the session
+            # is lost then, and _crashed did not count this slot.
+            self._check_lost(session)
         except BaseException:
             self.slots.release()
             raise
@@ -437,23 +492,31 @@ class RuntimeService(Runtime1):
                               reason=f"its engine {session.engine.lost}")
 
     async def _free(self, session: sessions_mod.Session[Seat]) -> None:
-        """Close a removed session's context (after any call on it) and free
-        its slot, or drop its spilled state; release its model."""
+        """Close a removed session's context once no call uses it, and free
+        its slot, or drop its spilled state; release its model. Runs to
+        its end even if the caller goes away."""
+        await _completed(self._freeing(session))
+
+    async def _freeing(self, session: sessions_mod.Session[Seat]) -> None:
         seat = session.engine
-        async with seat.lock:
-            if seat.lost is None:
-                if not seat.in_worker:
-                    await asyncio.to_thread(self.spill.drop, session.session_id)
-                try:
-                    # The worker keeps a spilled seat's adapter: it forgets both.
-                    await self._call(seat.resident, "close", {"session": session.session_id},
-                                     label="Close")
-                except EngineCrashed:
-                    pass  # gone with its worker
-                finally:
-                    if seat.in_worker:
-                        seat.in_worker = False
-                        self.slots.release()
+        try:
+            while seat.busy:
+                await seat.quiet.wait()
+            async with seat.lock:
+                if seat.lost is None:
+                    if not seat.in_worker:
+                        await asyncio.to_thread(self.spill.drop, session.session_id)
+                    try:
+                        # The worker keeps a spilled seat's adapter: it forgets both.
+                        await self._call(seat.resident, "close",
+                                         {"session": session.session_id}, label="Close")
+                    except EngineCrashed:
+                        pass  # gone with its worker
+                    finally:
+                        if seat.in_worker and seat.lost is None:
+                            seat.in_worker = False
+                            self.slots.release()
+        finally:
             if not seat.released:
                 seat.released = True
                 seat.resident.release()
@@ -471,33 +534,63 @@ class RuntimeService(Runtime1):
         if not 0.0 <= scale <= 4.0:
             raise InvalidParameter(parameter="config.lora_scale")
         lora_fd = await self._adapter(lora) if lora is not None else None
-        session_id = secrets.token_hex(16)
         try:
             resident = await self._hold(model)
             try:
                 for ended in self.table.fence(owner_instance_id):
                     logger.info("session %s ended by a takeover", ended.session_id)
-                    await self._free(ended)
+                    with contextlib.suppress(EngineCrashed):  # gone with its worker
+                        await self._free(ended)
                 await self._slot()
-                try:
-                    result = await self._call(
-                        resident, "open", {"session": session_id, "options": asdict(options),
-                                           "lora": lora, "lora_scale": scale, "sinks": sinks},
-                        [lora_fd] if lora_fd is not None else [], label="OpenSession")
-                except BaseException:
-                    self.slots.release()
-                    raise
             except BaseException:
                 resident.release()
                 raise
+        except BaseException:
+            if lora_fd is not None:
+                os.close(lora_fd)
+            raise
+        session = await _completed(
+            self._open_session(resident, owner_instance_id, model, options, config,
+                               sinks, journal, lora, scale, lora_fd),
+            undo=self._abandoned)
+        return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
+
+    async def _open_session(self, resident: Resident, owner: str, model: str, options: Options,
+                            config: SessionConfig | None, sinks: int | None,
+                            journal: "Journal | None", lora: str | None, scale: float,
+                            lora_fd: int | None) -> sessions_mod.Session[Seat]:
+        """The worker's context for a new session (the caller holds a slot
+        and the model; both are given back on failure), and its entry. Owns
+        `lora_fd` (the worker gets a copy)."""
+        session_id = secrets.token_hex(16)
+        try:
+            result = await self._call(
+                resident, "open", {"session": session_id, "options": asdict(options),
+                                   "lora": lora, "lora_scale": scale, "sinks": sinks},
+                [lora_fd] if lora_fd is not None else [], label="OpenSession")
+            if not resident.worker.alive:  # died right after answering
+                raise crashed(model, WorkerGone(model, resident.worker.exit,
+                                                resident.worker.gone_reason()))
+        except BaseException:
+            self.slots.release()
+            resident.release()
+            raise
         finally:
             if lora_fd is not None:
                 os.close(lora_fd)
         seat = Seat(options=options, n_ctx=int(result["n_ctx"]), resident=resident, lora=lora,
                     sinks=sinks, journal=journal)
-        self.table.add(owner=owner_instance_id, model=model, engine=seat,
-                       add_bos=not (config and config.disable_bos), session_id=session_id)
-        return {"session_id": session_id, "owner_instance_id": owner_instance_id}
+        seat.quiet.set()
+        return self.table.add(owner=owner, model=model, engine=seat,
+                              add_bos=not (config and config.disable_bos), session_id=session_id)
+
+    async def _abandoned(self, session: sessions_mod.Session[Seat]) -> None:
+        """A session opened for a caller that went away before it learnt the
+        id: nobody can use or close it, so it is closed now."""
+        with contextlib.suppress(UnknownSession, StaleSession):
+            self.table.remove(session.session_id)
+        with contextlib.suppress(Exception):
+            await self._free(session)
 
     @implements
     async def EnsurePrefix(

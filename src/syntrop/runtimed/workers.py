@@ -124,6 +124,14 @@ class Call:
             self.finished.set_result(None)
 
 
+def _drain(call: Call) -> None:
+    """Close the descriptors of events nobody will read."""
+    while not call.events.empty():
+        for fd in call.events.get_nowait()[2]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class Worker:
     """One engine worker process and its socket."""
 
@@ -184,7 +192,11 @@ class Worker:
         try:
             hello = await asyncio.wait_for(worker.request("hello", {}, label="start"),
                                            START_TIMEOUT)
-        except (TimeoutError, asyncio.CancelledError):
+        except TimeoutError:
+            worker.kill()
+            raise WorkerGone(model, None, f"did not start within {START_TIMEOUT:.0f} s") \
+                from None
+        except asyncio.CancelledError:
             worker.kill()
             raise
         worker.state = "ready"
@@ -207,14 +219,14 @@ class Worker:
         """Send a call; its events arrive in `Call.events` (a stream's
         reader takes them from there: streams.py)."""
         if not self.alive:
-            raise WorkerGone(self.model, self.exit, self._gone_reason())
+            raise WorkerGone(self.model, self.exit, self.gone_reason())
         call = Call(next(self._ids), op, label or op, time.monotonic())
         self._calls[call.id] = call
         try:
             self.link.send({"id": call.id, "op": op, "args": args}, fds)
         except OSError:
             del self._calls[call.id]
-            raise WorkerGone(self.model, self.exit, self._gone_reason()) from None
+            raise WorkerGone(self.model, self.exit, self.gone_reason()) from None
         self.served += 1
         return call
 
@@ -241,6 +253,8 @@ class Worker:
                     raise self.error(message)
         except asyncio.CancelledError:
             self.cancel(call)
+            # What the worker still sends (a state memfd) goes nowhere: close it.
+            call.finished.add_done_callback(lambda _: _drain(call))
             raise
 
     def cancel(self, call: Call) -> None:
@@ -250,7 +264,7 @@ class Worker:
 
     def error(self, message: dict[str, Any]) -> Exception:
         if message.get("gone"):
-            return WorkerGone(self.model, self.exit, self._gone_reason())
+            return WorkerGone(self.model, self.exit, self.gone_reason())
         return varlink_error(dict(message.get("error") or {}))
 
     # the process ------------------------------------------------------------
@@ -294,7 +308,8 @@ class Worker:
         if self.on_exit is not None:
             self.on_exit(self, self.exit, [call.label for call in gone])
 
-    def _gone_reason(self) -> str:
+    def gone_reason(self) -> str:
+        """How it ended (or could not start), in words."""
         if self._fatal:
             return self._fatal
         if self.exit is not None:
