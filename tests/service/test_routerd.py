@@ -3,6 +3,7 @@ port and a Unix socket, in front of loopback OpenAI-style upstreams this
 test starts (good, failing with 500, sending garbage, hanging)."""
 
 import asyncio
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -17,7 +18,7 @@ import pytest
 import varlink
 
 from tests.models import model_node
-from tests.support import activated
+from tests.support import Activated, activated
 from tests.upstreams import send_json, serving
 
 NAME = "io.syntrop.Router1"
@@ -313,29 +314,37 @@ def test_rss_stays_under_32_mib_after_200_requests(router: Router) -> None:
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def test_chat_through_runtimed_smollm2(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def routed_to_runtimed(tmp_path: Path) -> Iterator[tuple[Router, Activated]]:
+    """routerd with one provider, runtimed serving SmolLM2 as "smollm2";
+    yields routerd and runtimed."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable")
     (tmp_path / "config").mkdir(parents=True, exist_ok=True)
     (tmp_path / "config" / "routerd.toml").write_text(
         '[http]\nlisten = ["127.0.0.1:0"]\n'
         '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n')
-    with ExitStack() as stack, model_node(tmp_path, stack):
+    with ExitStack() as stack, model_node(tmp_path, stack) as runtimed:
         daemon = stack.enter_context(activated("routerd", tmp_path))
         router = Router(daemon.address, daemon.process.pid)
         try:
-            status, answer = router.request("POST", "/v1/chat/completions", _chat_body(
-                "smollm2", max_tokens=8, temperature=0), timeout=120)
-            assert status == 200, answer
-            assert answer["object"] == "chat.completion"
-            assert answer["choices"][0]["message"]["content"].strip()
-            status, text = router.request("POST", "/v1/chat/completions", _chat_body(
-                "router:auto", max_tokens=8, temperature=0, stream=True), timeout=120)
-            assert status == 200
-            assert text.rstrip().endswith("data: [DONE]")
-            assert '"chat.completion.chunk"' in text
+            yield router, runtimed
         finally:
             router.close()
+
+
+def test_chat_through_runtimed_smollm2(tmp_path: Path) -> None:
+    with routed_to_runtimed(tmp_path) as (router, _):
+        status, answer = router.request("POST", "/v1/chat/completions", _chat_body(
+            "smollm2", max_tokens=8, temperature=0), timeout=120)
+        assert status == 200, answer
+        assert answer["object"] == "chat.completion"
+        assert answer["choices"][0]["message"]["content"].strip()
+        status, text = router.request("POST", "/v1/chat/completions", _chat_body(
+            "router:auto", max_tokens=8, temperature=0, stream=True), timeout=120)
+        assert status == 200
+        assert text.rstrip().endswith("data: [DONE]")
+        assert '"chat.completion.chunk"' in text
 
 
 def test_a_runtimed_provider_is_probed_for_real_and_its_crashes_are_in_words(
@@ -344,8 +353,6 @@ def test_a_runtimed_provider_is_probed_for_real_and_its_crashes_are_in_words(
     which CPU code its engine runs; a request whose engine worker dies is
     answered 502 saying so, not with a lost connection, and the next one
     is served by a new worker."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama_cpp is not importable")
     import os
     import signal
     import threading
@@ -354,46 +361,36 @@ def test_a_runtimed_provider_is_probed_for_real_and_its_crashes_are_in_words(
     from syntrop.interfaces.runtime import Runtime1
     from syntrop.varlink.client import connect
 
-    (tmp_path / "config").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "config" / "routerd.toml").write_text(
-        '[http]\nlisten = ["127.0.0.1:0"]\n'
-        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n')
-    with ExitStack() as stack, model_node(tmp_path, stack) as runtimed:
-        daemon = stack.enter_context(activated("routerd", tmp_path))
-        router = Router(daemon.address, daemon.process.pid)
-
+    with routed_to_runtimed(tmp_path) as (router, runtimed):
         async def engine() -> Any:
             async with await connect(Runtime1, address=runtimed.address, timeout=60) as client:
                 return await client.GetEngine()
 
-        try:
-            probe = router.iface.TestProvider(provider="local")
-            assert probe["ok"], probe
-            assert "smollm2 answered 1 token" in probe["detail"]
-            assert "CPU backend" in probe["detail"]  # and which, on which CPU
-            worker = next(w for w in asyncio.run(engine())["workers"] if w.model == "smollm2")
-            answers: list[tuple[int, Any]] = []
-            counting = {"model": "smollm2", "prompt": "Count: 1, 2, 3, 4, 5,", "max_tokens": 1500,
-                        "temperature": 0}  # goes on for long
-            asking = threading.Thread(target=lambda: answers.append(router.request(
-                "POST", "/v1/completions", counting, timeout=120)))
-            asking.start()
-            deadline = time.monotonic() + 60
-            while asyncio.run(engine())["workers"][0].calls < worker.calls + 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            time.sleep(0.5)  # generating
-            os.kill(worker.pid, signal.SIGSEGV)
-            asking.join(60)
-            status, answer = answers[0]
-            assert status == 502, answer
-            assert "runtimed's engine for smollm2 crashed (signal 11, SIGSEGV)" in \
-                json.dumps(answer), answer
-            status, again = router.request("POST", "/v1/chat/completions", _chat_body(
-                "smollm2", max_tokens=4, temperature=0), timeout=120)
-            assert status == 200, again
-        finally:
-            router.close()
+        probe = router.iface.TestProvider(provider="local")
+        assert probe["ok"], probe
+        assert "smollm2 answered 1 token" in probe["detail"]
+        assert "CPU backend" in probe["detail"]  # and which, on which CPU
+        worker = next(w for w in asyncio.run(engine())["workers"] if w.model == "smollm2")
+        answers: list[tuple[int, Any]] = []
+        counting = {"model": "smollm2", "prompt": "Count: 1, 2, 3, 4, 5,", "max_tokens": 1500,
+                    "temperature": 0}  # goes on for long
+        asking = threading.Thread(target=lambda: answers.append(router.request(
+            "POST", "/v1/completions", counting, timeout=120)))
+        asking.start()
+        deadline = time.monotonic() + 60
+        while asyncio.run(engine())["workers"][0].calls < worker.calls + 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # generating
+        os.kill(worker.pid, signal.SIGSEGV)
+        asking.join(60)
+        status, answer = answers[0]
+        assert status == 502, answer
+        assert "runtimed's engine for smollm2 crashed (signal 11, SIGSEGV)" in \
+            json.dumps(answer), answer
+        status, again = router.request("POST", "/v1/chat/completions", _chat_body(
+            "smollm2", max_tokens=4, temperature=0), timeout=120)
+        assert status == 200, again
 
 
 def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> None:
