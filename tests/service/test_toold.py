@@ -139,6 +139,63 @@ def test_bad_input_gets_a_declared_error_changes_nothing_and_is_audited(
     assert daemon.process.poll() is None
 
 
+BAD_PLANS = [
+    ([], "no_steps", None),
+    ([{"tool": "unit_restart", "parameters": {"unit": "a.service"}}] * 5, "too_many_steps",
+     None),
+    ([{"tool": "daemon_reload", "parameters": {}},
+      {"tool": "format_disk", "parameters": {"unit": "a.service"}}], "unknown_tool", 1),
+    ([{"tool": "daemon_reload", "parameters": {}},
+      {"tool": "unit_restart", "parameters": {"unit": "b.service"}}], "other_unit", 1),
+    ([{"tool": "unit_restart", "parameters": {"unit": "a.service", "force": True}}],
+     "invalid_step", 0),
+    ([{"tool": "revert_dropin", "parameters": {"unit": "a.service", "scope": "../x"}}],
+     "invalid_step", 0),
+]
+
+
+@pytest.mark.parametrize(("steps", "reason", "step"), BAD_PLANS,
+                         ids=[reason for _, reason, _ in BAD_PLANS])
+def test_a_bad_plan_is_refused_whole_before_anything_runs_and_audited(
+        served: tuple[Activated, Path], steps: list[dict[str, Any]], reason: str,
+        step: int | None) -> None:
+    daemon, root = served
+    (root / "etc" / "a.service.d").mkdir(exist_ok=True)
+    (root / "etc" / "a.service.d" / "10.conf").write_text("[Service]\nNice=1\n")
+    before, audited = tree(root), len(call(daemon, "GetAudit", limit=1000)["records"])
+    with pytest.raises(varlink.VarlinkError) as caught:
+        call(daemon, "ExecutePlan", unit="a.service", steps=steps)
+    assert caught.value.error() == f"{NAME}.PlanRefused"
+    assert caught.value.parameters()["reason"] == reason
+    assert caught.value.parameters()["step"] == step
+    records = call(daemon, "GetAudit", limit=1000)["records"]
+    assert len(records) == audited + 1  # one record for the plan, none for a step
+    assert (records[-1]["tool"], records[-1]["decision"], records[-1]["outcome"]) == \
+        ("plan", "refused", "not_run")
+    assert records[-1]["error"] == f"{NAME}.PlanRefused"
+    assert tree(root) == before
+    for allowed, unit in ((False, "toold.service"), (False, "a.socket")):
+        with pytest.raises(varlink.VarlinkError) as caught:
+            call(daemon, "ExecutePlan", unit=unit,
+                 steps=[{"tool": "unit_restart", "parameters": {"unit": unit}}])
+        assert caught.value.parameters()["reason"] == "unit_not_allowed", allowed
+
+
+def test_a_plan_stops_at_its_first_failed_step(served: tuple[Activated, Path]) -> None:
+    """No systemd here: daemon_reload is refused when it comes to run, and
+    the step after it is not run."""
+    daemon, _ = served
+    result = call(daemon, "ExecutePlan", unit="a.service", steps=[
+        {"tool": "daemon_reload", "parameters": {}},
+        {"tool": "unit_restart", "parameters": {"unit": "a.service"}}])
+    assert result["outcome"] == "failed"
+    first, second = result["steps"]
+    assert (first["tool"], first["outcome"]) == ("daemon_reload", "refused")
+    assert first["error"] == f"{NAME}.SystemdUnavailable"
+    assert (second["tool"], second["outcome"], second.get("action_id")) == \
+        ("unit_restart", "not_run", None)
+
+
 def test_a_symlinked_dropin_dir_is_refused_and_left_alone(
         served: tuple[Activated, Path]) -> None:
     daemon, root = served

@@ -117,6 +117,49 @@ class ExecuteResult(TypedDict):
     details: Any
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanStep:
+    """One step of a plan: a tool call as Execute takes it.
+
+    Fields:
+        tool: The tool's name.
+        parameters: An object of the tool's typed parameters.
+    """
+
+    tool: str
+    parameters: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """How one step of a plan went.
+
+    Fields:
+        tool: The tool.
+        action_id: Its audit record; null when it was not run.
+        outcome: succeeded, failed, rolled_back, refused (a declared error
+            when it came to run it) or not_run (an earlier step failed).
+        message: What happened, in words.
+        error: The declared error a refused step got.
+        job_result: The systemd job's result, when a job was queued.
+        active_state: The unit's ActiveState after the step.
+    """
+
+    tool: str
+    action_id: int | None
+    outcome: str
+    message: str
+    error: str | None = None
+    job_result: str | None = None
+    active_state: str | None = None
+
+
+class PlanResult(TypedDict):
+    outcome: str
+    steps: list[StepResult]
+    message: str
+
+
 class ToolNotFound(TypedVarlinkErrorReply, interface=NAME):
     """No tool has this name.
 
@@ -244,6 +287,23 @@ class SystemdUnavailable(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+class PlanRefused(TypedVarlinkErrorReply, interface=NAME):
+    """A plan refused before any of its steps ran (and audited).
+
+    Parameters:
+        reason: no_steps, too_many_steps, unknown_tool, invalid_step (its
+            parameters fail the tool's declaration), other_unit (a step for
+            a unit other than the plan's) or unit_not_allowed.
+        step: The offending step (0-based), when one is.
+        message: What is wrong, in words.
+    """
+
+    class Parameters:
+        reason: str
+        step: int | None
+        message: str
+
+
 class Tool1(Interface, name=NAME):
     """A few typed, allowlisted, sandboxed, reversible remediation actions."""
 
@@ -258,6 +318,7 @@ class Tool1(Interface, name=NAME):
         UnsafePath,
         NoPreviousVersion,
         SystemdUnavailable,
+        PlanRefused,
     )
 
     @method(return_parameter="tools")
@@ -298,6 +359,29 @@ class Tool1(Interface, name=NAME):
             active_state: The unit's ActiveState at the end.
             previous_active_state: Its ActiveState before the action.
             details: Tool-specific facts, as in the audit record.
+        """
+
+    @method(allow_foreign=True)
+    def ExecutePlan(
+        self, *, unit: str, steps: list[PlanStep], dry_run: bool | None = None
+    ) -> PlanResult:
+        """Run a short plan on one unit, step by step, each as Execute runs
+        it (and audited as such); a step that does not succeed stops the
+        plan. The whole plan is checked before anything runs: at most 4
+        steps, known tools, valid parameters, no step for another unit (a
+        tool without a unit, daemon_reload, acts on the manager), the unit
+        allowed; otherwise PlanRefused, audited, and nothing is done.
+
+        Parameters:
+            unit: The unit the plan is for.
+            steps: The steps, in order.
+            dry_run: Only check every step and say what each would do.
+
+        Returns:
+            outcome: succeeded (every step did), failed (a step did not; the
+                later ones were not run) or not_run (a dry run).
+            steps: Each step's result, in order.
+            message: What happened, in words.
         """
 
     @method(return_parameter="records", allow_foreign=True)

@@ -55,3 +55,9 @@ class NoSystemd(ToolError):
 
 class Denied(ToolError):
     error = "org.varlink.service.PermissionDenied"
+
+
+class PlanError(ToolError):
+    """A plan refused as a whole (fields: reason, step, words)."""
+
+    error = "io.syntrop.Tool1.PlanRefused"

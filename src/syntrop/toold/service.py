@@ -20,8 +20,12 @@ from syntrop.interfaces.tool import (
     ExecuteResult,
     InvalidArgument,
     NoPreviousVersion,
+    PlanRefused,
+    PlanResult,
+    PlanStep,
     RateLimited,
     SandboxUnavailable,
+    StepResult,
     SystemdUnavailable,
     Tool1,
     ToolInfo,
@@ -42,6 +46,8 @@ from syntrop.varlink import InvalidParameter, PermissionDenied, current_peer, im
 logger = logging.getLogger(__name__)
 
 MAX_AUDIT = 10_000
+#: Most steps a plan may have.
+MAX_PLAN_STEPS = 4
 
 
 def _wire(error: errors.ToolError) -> Exception:
@@ -70,6 +76,8 @@ def _wire(error: errors.ToolError) -> Exception:
             return SystemdUnavailable(reason=f["reason"])
         case errors.Denied():
             return PermissionDenied()
+        case errors.PlanError():
+            return PlanRefused(reason=f["reason"], step=f["step"], message=f["words"])
     raise AssertionError(f"unmapped domain error {error!r}")  # pragma: no cover
 
 
@@ -154,7 +162,9 @@ class ToolService(Tool1):
     @implements
     async def Execute(self, *, tool: str, parameters: Any,
                       dry_run: bool | None = None) -> ExecuteResult:
-        dry = bool(dry_run)
+        return await self._execute(tool, parameters, bool(dry_run))
+
+    async def _execute(self, tool: str, parameters: Any, dry: bool) -> ExecuteResult:
         unit = parameters.get("unit") if isinstance(parameters, dict) else None
         unit = unit if isinstance(unit, str) and units.syntax_error(unit) is None else None
         if not isinstance(tool, str) or len(tool) > 128:
@@ -227,6 +237,72 @@ class ToolService(Tool1):
             unit=plan.unit, job_result=outcome.job_result, active_state=outcome.active_state,
             previous_active_state=outcome.previous_active_state, details=outcome.details or None,
         )
+
+    def _check_plan(self, unit: str, steps: list[PlanStep]) -> None:
+        """Every step checked before any runs (PlanError otherwise)."""
+        def refuse(reason: str, message: str, step: int | None = None) -> errors.PlanError:
+            return errors.PlanError(message, reason=reason, step=step, words=message)
+
+        if not steps:
+            raise refuse("no_steps", "a plan needs at least one step")
+        if len(steps) > MAX_PLAN_STEPS:
+            raise refuse("too_many_steps", f"{len(steps)} steps; at most {MAX_PLAN_STEPS}")
+        if units.syntax_error(unit) is not None or \
+                not units.allowed(unit, self.config.allow, self.config.deny):
+            raise refuse("unit_not_allowed", f"{unit} is not allowed")
+        for index, step in enumerate(steps):
+            found = self.tools.get(step.tool) if isinstance(step.tool, str) else None
+            if found is None:
+                raise refuse("unknown_tool", f"step {index}: no tool {step.tool!r}", index)
+            try:
+                args = found.validate(step.parameters)
+            except errors.ToolError as error:
+                raise refuse("invalid_step", f"step {index}: {error}", index) from None
+            if args.get("unit", unit) != unit:
+                raise refuse("other_unit", f"step {index}: {step.tool} for {args['unit']}, "
+                                           f"not {unit}", index)
+
+    @implements
+    async def ExecutePlan(self, *, unit: str, steps: list[PlanStep],
+                          dry_run: bool | None = None) -> PlanResult:
+        if not isinstance(unit, str) or len(unit) > units.MAX:
+            raise InvalidParameter(parameter="unit")
+        described = {"unit": unit, "steps": [{"tool": s.tool, "parameters": s.parameters}
+                                              for s in steps[:MAX_PLAN_STEPS + 1]]}
+        if not self._authorized(current_peer().uid):
+            raise await self._refuse(errors.Denied("not root or the sentry uid"), tool="plan",
+                                     unit=unit, parameters=described, dry_run=bool(dry_run),
+                                     decision="denied")
+        try:
+            self._check_plan(unit, steps)
+        except errors.PlanError as error:
+            raise await self._refuse(error, tool="plan", unit=unit, parameters=described,
+                                     dry_run=bool(dry_run)) from None
+        results: list[StepResult] = []
+        outcome = "not_run" if dry_run else "succeeded"
+        for index, step in enumerate(steps):
+            if outcome == "failed":
+                results.append(StepResult(tool=step.tool, action_id=None, outcome="not_run",
+                                          message="an earlier step failed"))
+                continue
+            try:
+                done = await self._execute(step.tool, step.parameters, bool(dry_run))
+            except (ToolNotFound, InvalidArgument, UnitNotAllowed, RateLimited,
+                    SandboxUnavailable, UnitBusy, UnitNotFound, UnsafePath, NoPreviousVersion,
+                    SystemdUnavailable) as error:
+                results.append(StepResult(tool=step.tool, action_id=None, outcome="refused",
+                                          message=f"step {index} refused", error=error.name))
+                outcome = "failed"
+                continue
+            results.append(StepResult(tool=step.tool, action_id=done["action_id"],
+                                      outcome=done["outcome"], message=done["message"],
+                                      job_result=done["job_result"],
+                                      active_state=done["active_state"]))
+            if not dry_run and done["outcome"] != "succeeded":
+                outcome = "failed"
+        message = "; ".join(f"{r.tool} {r.outcome}" + (f" ({r.message})" if r.message else "")
+                            for r in results)
+        return PlanResult(outcome=outcome, steps=results, message=message)
 
     @implements
     async def GetAudit(self, *, limit: int | None = None,
