@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Signal → triage start, in sentry's supervisor, against a bare asyncio
 queue hop (the floor: put_nowait in one callback, get in a consumer task).
-With --live, also the pipeline over the real daemons (see `live`).
+With --live, also the pipeline over the real daemons (see `live`); with
+--plans, how often SmolLM2's plan equals the rules' on the findings of each
+kind of scenario, and its decide time (see `plans`).
 
 The signal is injected where the D-Bus callback would deliver it
 (`Supervisor.offer`), with the phases faked to return at once, so what is
@@ -9,7 +11,7 @@ timed is sentry's own path: ignore check, dedupe, bounded queue, consumer
 wake-up. D-Bus delivery itself is not in the figure. The seed's target is
 2 ms at p99.
 
-    python -m bench.bench_sentry [--signals N] [--live [--rounds N]]
+    python -m bench.bench_sentry [--signals N] [--live [--rounds N]] [--plans [--rounds N]]
 """
 
 import argparse
@@ -21,12 +23,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from syntrop.sentry import findings
 from syntrop.sentry.config import Config
+from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import Executed, Facts, Phases
-from syntrop.sentry.rules import Decision
 from syntrop.sentry.store import Store
 from syntrop.sentry.supervisor import Signal, Supervisor
 
@@ -43,16 +47,16 @@ async def _phases() -> Phases:
     async def fail(*_: object) -> str:
         raise ConnectionRefusedError
 
-    async def execute(decision: Decision) -> Executed:
+    async def execute(unit: str, plan: Plan) -> Executed:
         return Executed(outcome="succeeded")
 
-    async def verify(unit: str) -> bool:
+    async def verify(unit: str, hold_usec: int) -> bool:
         return True
 
     async def release(lease: str) -> None:
         return None
 
-    return Phases(context=context, lease=fail, decide=fail,  # type: ignore[arg-type]
+    return Phases(context=context, lease=fail, decide=fail,
                   execute=execute, verify=verify, release=release)
 
 
@@ -137,22 +141,20 @@ async def live(rounds: int) -> dict[str, list[float]]:
     the same prompt with max_tokens=1 (prompt evaluation alone)."""
     from syntrop.interfaces.context import Context1
     from syntrop.interfaces.inference import Inference1
-    from syntrop.interfaces.tool import Tool1
     from syntrop.sentry import decide
     from syntrop.sentry.phases import Live
     from syntrop.sentry.pipeline import Budgets, triage, wall_clock_usec
-    from syntrop.sentry.rules import DEFAULT_RECENT_USEC
     from syntrop.varlink.client import connect
 
-    real = Live(systemd=None, model="smollm2", hold_sec=0)
+    real = Live(systemd=None, model="smollm2")
 
-    async def execute(decision: Decision) -> Executed:
+    async def execute(unit: str, plan: Plan) -> Executed:
         return Executed(outcome="succeeded")
 
-    async def verify(unit: str) -> bool:
+    async def verify(unit: str, hold_usec: int) -> bool:
         return True
 
-    async def no_model(unit: str, facts: Facts) -> Decision:
+    async def no_model(*_: object) -> Plan:
         raise RuntimeError("not asked")
 
     budgets = Budgets(decide_usec=60_000_000)
@@ -165,12 +167,14 @@ async def live(rounds: int) -> dict[str, list[float]]:
         "incident with SmolLM2's decision", "decide (SmolLM2)", "pipeline without decoding",
         "floor: 3 bare Varlink calls", "floor: prompt eval (1 token)")}
     facts = await real.context("bench.service", wall_clock_usec())
-    evidence = decide.Evidence(unit="bench.service", failure_usec=facts.failure_usec,
-                               changes=facts.changes, journal=facts.journal)
-    async with await connect(Tool1) as tool:
-        listed = await tool.ListTools()
-    known = decide.specs(listed["tools"] if isinstance(listed, dict) else listed)
-    offered = decide.offers(evidence, known, DEFAULT_RECENT_USEC)
+    found = findings.find("bench.service", "manual", facts.changes, facts.journal,
+                          UnitFacts(unit="bench.service"), facts.failure_usec)
+    cause = findings.cause(found, facts.failure_usec)
+    rules_plan = findings.plan(cause, "bench.service", facts.tools,
+                               UnitFacts(unit="bench.service"))
+    offered = findings.candidates(rules_plan, "bench.service", facts.tools, cause)
+    evidence = decide.Evidence(unit="bench.service", cause=cause.summary, journal=facts.journal,
+                               findings=[f.line(facts.failure_usec) for f in found])
     for index in range(rounds + 1):  # the first round warms everything up
         now = wall_clock_usec()
         started = time.perf_counter()
@@ -201,6 +205,77 @@ async def live(rounds: int) -> dict[str, list[float]]:
     return out
 
 
+S = 1_000_000
+#: A unit that ran well for an hour and whose restart 2 s before the
+#: failure failed at once.
+_RESTARTED = UnitFacts(unit="app.service", active_enter_usec=-3600 * S,
+                       inactive_exit_usec=-2 * S, exec_main_code=1, exec_main_status=1)
+_DROPIN = "/etc/systemd/system/app.service.d/50-bad.conf"
+#: (scenario, trigger, changes, journal, unit facts), times relative to the failure (0).
+SCENARIOS: tuple[tuple[str, str, tuple[Change, ...], tuple[str, ...], UnitFacts], ...] = (
+    ("bad drop-in", "job_failed",
+     (Change(kind="dropin", timestamp_usec=-10 * S, unit="app.service", path=_DROPIN),),
+     ("app: bad option",), replace(_RESTARTED, drop_in_paths=(_DROPIN,))),
+    ("stale definition", "job_failed", (), (),
+     UnitFacts(unit="app.service", need_daemon_reload=True, exec_main_code=1,
+               exec_main_status=203)),
+    ("stale cache", "job_failed", (), ("app: corrupt index /var/cache/app/index.db",),
+     UnitFacts(unit="app.service", cache_dirs=("/var/cache/app",), exec_main_code=1,
+               exec_main_status=1)),
+    ("transient, an unlinked drop-in", "state_failed",
+     (Change(kind="dropin", timestamp_usec=-900 * S, unit="app.service", path=_DROPIN),),
+     ("app: segfault",), UnitFacts(unit="app.service", active_enter_usec=-600 * S,
+                                   inactive_exit_usec=-601 * S, exec_main_code=2,
+                                   exec_main_status=11)),
+    ("config replaced by a package", "state_failed",
+     (Change(kind="config", timestamp_usec=-S, unit="app.service", path="/etc/app/app.env"),
+      Change(kind="package", timestamp_usec=-S, path="/etc/app/app.env", action="conffile",
+             package="app-server")),
+     (), UnitFacts(unit="app.service", active_enter_usec=-3600 * S,
+                   inactive_exit_usec=-3600 * S, exec_main_code=1, exec_main_status=1)),
+)
+
+
+async def plans(rounds: int) -> list[tuple[str, str, int, int, list[float], float]]:
+    """For each scenario: the rules' plan, how often SmolLM2's equalled it
+    (out of `rounds`), and its decide times. Greedy decoding on the same
+    prompt is deterministic, so agreement is one answer per scenario unless
+    the engine's arithmetic varies; the times are the real figure."""
+    from syntrop.sentry.phases import Live
+
+    real = Live(systemd=None, model="smollm2")
+    tools = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache")
+    failure = 1_800_000_000 * S
+    rows = []
+    for name, trigger, changes, journal, facts in SCENARIOS:
+        moved = [replace(c, timestamp_usec=c.timestamp_usec + failure) for c in changes]
+        facts = _shift_facts(facts, failure)
+        found = findings.find("app.service", trigger, moved, list(journal), facts, failure)
+        cause = findings.cause(found, failure)
+        rules_plan = findings.plan(cause, "app.service", tools, facts)
+        offered = findings.candidates(rules_plan, "app.service", tools, cause)
+        lines = [f.line(failure) for f in found]
+        agreed, times = 0, []
+        started = time.perf_counter()  # the first: this offer's examples not yet evaluated
+        await real.decide("app.service", lines, cause.summary, list(journal), offered)
+        first = time.perf_counter() - started
+        for _ in range(rounds):
+            started = time.perf_counter()
+            chosen = await real.decide("app.service", lines, cause.summary, list(journal),
+                                       offered)
+            times.append(time.perf_counter() - started)
+            agreed += chosen.steps == rules_plan.steps
+        rows.append((name, rules_plan.describe(), agreed, rounds, times, first))
+    return rows
+
+
+def _shift_facts(facts: UnitFacts, by: int) -> UnitFacts:
+    return replace(facts, active_enter_usec=facts.active_enter_usec + by
+                   if facts.active_enter_usec else 0,
+                   inactive_exit_usec=facts.inactive_exit_usec + by
+                   if facts.inactive_exit_usec else 0)
+
+
 async def _prompt_only(real: "Any", messages: list[tuple[str, str]]) -> None:
     from syntrop.interfaces.runtime import ChatMessage, Runtime1, Sampling
     from syntrop.varlink.client import connect
@@ -218,8 +293,30 @@ def main() -> None:
     parser.add_argument("--signals", type=int, default=500)
     parser.add_argument("--live", action="store_true",
                         help="also time the pipeline over the real daemons with SmolLM2")
+    parser.add_argument("--plans", action="store_true",
+                        help="SmolLM2's plan against the rules' on each kind of scenario")
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
+    if args.plans:
+        with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+            from tests.models import model_node
+
+            root = Path(folder)
+            stack.enter_context(model_node(root, stack))
+            os.environ["RUNTIME_DIRECTORY"] = str(root / "run")
+            rows = asyncio.run(plans(args.rounds))
+        every: list[float] = []
+        print(f"{'scenario':34} {'rules plan':28} {'model = rules':>13}  decide p50 / p99"
+              "   first (cold)")
+        for name, plan, agreed, total, times, first in rows:
+            every += times
+            print(f"{name:34} {plan:28} {agreed:>6}/{total:<6}  "
+                  f"{statistics.median(times) * 1e3:6.0f} / {_pct(times, 0.99) * 1e3:6.0f} ms"
+                  f"   {first * 1e3:6.0f} ms")
+        print(f"{'all':34} {'':28} {sum(r[2] for r in rows):>6}/{sum(r[3] for r in rows):<6}  "
+              f"{statistics.median(every) * 1e3:6.0f} / {_pct(every, 0.99) * 1e3:6.0f} ms")
+        return
     if args.live:
         with tempfile.TemporaryDirectory() as folder:
             root = Path(folder)

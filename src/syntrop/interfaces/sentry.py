@@ -32,6 +32,51 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Cause:
+    """What explains a failure, as sentry's rules named it.
+
+    Fields:
+        kind: dependency_failed, executable_missing, stale_definition,
+            dropin_changed, stale_cache, stale_state, config_replaced (by a
+            package), config_edited, unit_file_changed, crash_loop or
+            transient (no change is linked to the failure).
+        fixable: Whether syntrop's tools can remove it; when not, sentry
+            restarts at most once, then leaves the unit to a human.
+        summary: The cause in words.
+        subject: The drop-in, file, program or unit concerned.
+        package: The package, for config_replaced.
+        evidence: What links it to the failure (journal lines, timings,
+            systemd's job result), or, for transient, the changes found
+            and why they are not blamed.
+    """
+
+    kind: str
+    fixable: bool
+    summary: str
+    subject: str | None
+    package: str | None
+    evidence: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanStep:
+    """One step of an incident's plan.
+
+    Fields:
+        tool: The Tool1 tool.
+        parameters: Its parameters, JSON.
+        outcome: succeeded, failed, rolled_back, refused, or not_run (an
+            earlier step failed, or the plan did not run).
+        message: What toold said of it.
+    """
+
+    tool: str
+    parameters: str
+    outcome: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Incident:
     """A unit failure and what sentry did about it.
 
@@ -39,14 +84,25 @@ class Incident:
         id: Incident identifier.
         unit: The failed unit.
         detected_usec: When the failure signal arrived.
-        trigger: job_failed, job_timeout, job_dependency, state_failed, manual
-            or backoff_retry (a unit still failed when its backoff ran out).
-        decision: The chosen action as a Tool1.Execute call, JSON.
+        trigger: job_failed, job_timeout, job_dependency, state_failed, manual,
+            backoff_retry (a unit still failed when its backoff ran out),
+            dependency_of (a unit waits for this one) or dependency_healed
+            (the dependency it waited for is healed: its start is retried).
+        decision: The plan's first step as a Tool1.Execute call, JSON; null
+            when the plan has none.
         decided_by: model or rules (the deterministic fallback).
-        result: healed, failed, left_alone (the model chose no action),
-            breaker_open or in_progress.
+        result: healed (active through the verification window), failed,
+            needs_human (a cause no tool removes; at most one restart was
+            tried), waiting (for a failed dependency's triage), left_alone
+            (the model chose no plan), protected (no action by
+            configuration), breaker_open, in_progress or interrupted
+            (sentry stopped while triaging).
         phases: The phases with their timings.
-        summary: One line for humans.
+        summary: One line for humans: the cause, the plan, what ran.
+        cause: What explains the failure; null for breaker_open, protected
+            and incidents from before causes were recorded.
+        plan: The plan's steps, in order, with how each went.
+        findings: Every finding, one line each (unlinked changes say so).
     """
 
     id: str
@@ -58,6 +114,9 @@ class Incident:
     result: str
     phases: list[Phase]
     summary: str
+    cause: Cause | None = None
+    plan: list[PlanStep] | None = None
+    findings: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -91,6 +91,11 @@ def check(state: State, now_usec: int, policy: Policy) -> Verdict:
     return Verdict(allowed=True, state="closed", open_until_usec=0)
 
 
+def attempts_in_window(state: State, now_usec: int, policy: Policy) -> int:
+    """Remediation attempts of the current window (an expired one: 0)."""
+    return _current(state, now_usec, policy).attempts
+
+
 def record_attempt(state: State, now_usec: int, policy: Policy) -> State:
     """The state after an attempt made at now_usec."""
     state = _current(state, now_usec, policy)
@@ -110,6 +115,12 @@ def record_refused(state: State, now_usec: int, policy: Policy) -> State:
     if state.attempts >= policy.cap:
         return replace(state, needs_human=True)
     return state
+
+
+def record_out_of_reach(state: State) -> State:
+    """A cause no tool can remove was named and what was due (at most one
+    restart) did not heal it: only a human can, so the cap is not spent."""
+    return replace(state, needs_human=True)
 
 
 def describe(state: State, now_usec: int, policy: Policy) -> str:

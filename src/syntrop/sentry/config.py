@@ -1,8 +1,15 @@
 """sentry.toml, validated into a record.
 
-    ignore = ["foo.service"]      # units (fnmatch patterns) sentry leaves alone
+    ignore = ["foo.service"]      # units (fnmatch patterns) sentry leaves alone: no incident
+    protected = ["db-*.service"]  # units that get an incident "protected: no action" and
+                                  # nothing else; added to the defaults (PROTECTED)
     watch_syntrop = false         # also triage syntrop's own units
-    recent_sec = 600              # a drop-in changed this close before a failure is blamed
+    recent_sec = 600              # how far back contextd's changes are read
+    verify_sec = 5                # a healed unit stays active at least this long (and
+                                  # longer than it lived before failing), at most verify_max_sec
+    verify_max_sec = 12
+    model = "smollm2"             # the triage model's name in modeld; default: the first
+                                  # pinned model there, else smollm2
     queue = 64                    # failure signals waiting for triage; more are dropped
     sysfs_root = "/"              # where gang triage finds /sys (PCI addresses of planes)
 
@@ -12,7 +19,7 @@
     lease = 1000
     decide = 1800
     execute = 30000
-    verify = 10000
+    verify = 15000
     release = 500
 
     [breaker]
@@ -35,13 +42,22 @@ from syntrop.sentry.pipeline import MS, Budgets
 #: syntrop's own units: sentry must not heal itself or its peers by default.
 OWN_UNITS = ("systemd-sentry.*", "inferenced.*", "modeld.*", "contextd.*", "toold.*",
              "runtimed.*", "routerd.*", "syntrop-*", "ai.slice")
+#: Units sentry never acts on (an incident says so): the system's own
+#: plumbing, remote access, and syntrop's daemons.
+PROTECTED = ("dbus.service", "dbus-broker.service", "dbus.socket", "systemd-*", "ssh.service",
+             "sshd.service", "ssh.socket", "getty@*.service", "serial-getty@*.service",
+             "init.scope", "-.mount", "-.slice", "*.target", *OWN_UNITS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     ignore: tuple[str, ...] = ()
+    protected: tuple[str, ...] = PROTECTED
     watch_syntrop: bool = False
     recent_usec: int = 600 * SECOND
+    verify_usec: int = 5 * SECOND
+    verify_max_usec: int = 12 * SECOND
+    model: str | None = None
     queue: int = 64
     sysfs_root: Path = Path("/")
     budgets: Budgets = field(default_factory=Budgets)
@@ -50,6 +66,9 @@ class Config:
     def ignored(self, unit: str) -> bool:
         patterns = self.ignore if self.watch_syntrop else self.ignore + OWN_UNITS
         return any(fnmatch.fnmatchcase(unit, p) for p in patterns)
+
+    def is_protected(self, unit: str) -> bool:
+        return any(fnmatch.fnmatchcase(unit, p) for p in self.protected)
 
 
 def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
@@ -63,6 +82,12 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
     ignore = data.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
         raise ConfigError(f"{where}: ignore must be a list of strings")
+    protected = data.get("protected", [])
+    if not isinstance(protected, list) or not all(isinstance(i, str) for i in protected):
+        raise ConfigError(f"{where}: protected must be a list of strings")
+    model = data.get("model")
+    if model is not None and (not isinstance(model, str) or not model or len(model) > 256):
+        raise ConfigError(f"{where}: model must be a model's name in modeld")
     budgets = data.get("budgets", {})
     breaker = data.get("breaker", {})
     if not isinstance(budgets, dict) or not isinstance(breaker, dict):
@@ -84,10 +109,16 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
             max_usec=int(_number(breaker, "max_sec", 300, where) * SECOND))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
+    verify = int(_number(data, "verify_sec", 5, where) * SECOND)
+    verify_max = int(_number(data, "verify_max_sec", 12, where) * SECOND)
+    if verify_max < verify:
+        raise ConfigError(f"{where}: verify_max_sec must be at least verify_sec")
     return Config(
         ignore=tuple(ignore),
+        protected=PROTECTED + tuple(protected),
         watch_syntrop=bool(data.get("watch_syntrop", False)),
         recent_usec=int(_number(data, "recent_sec", 600, where) * SECOND),
+        verify_usec=verify, verify_max_usec=verify_max, model=model,
         queue=max(1, int(_number(data, "queue", 64, where))),
         sysfs_root=Path(sysfs_root),
         budgets=Budgets(

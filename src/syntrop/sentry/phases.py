@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syntrop.sentry.pipeline import Executed, Facts, Phases
-from syntrop.sentry.rules import DEFAULT_RECENT_USEC, Change, Decision
+from syntrop.sentry.findings import Change, Plan, UnitFacts
+from syntrop.sentry.pipeline import KNOWN_TOOLS, Executed, Facts, Phases, StepRecord
 from syntrop.system.systemd import Systemd
 
 CALL_TIMEOUT = 45.0
+#: How often verify looks at the unit during its hold.
+VERIFY_POLL = 0.25
+SECOND = 1_000_000
 #: Bytes sentry leases for the model's decision (a small model's KV and
 #: scratch; the weights are runtimed's).
 LEASE_BYTES = 64 * 1024 * 1024
@@ -36,12 +39,14 @@ def _unwrap(reply: Any, name: str) -> Any:
 class Live:
     """The phases bound to this host. `systemd` is None without a bus."""
 
-    def __init__(self, *, systemd: Systemd | None, model: str, hold_sec: float,
-                 recent_usec: int = DEFAULT_RECENT_USEC, sysfs_root: Path = Path("/")) -> None:
+    def __init__(self, *, systemd: Systemd | None, model: str, model_pinned: bool = False,
+                 window_usec: int | None = None, sysfs_root: Path = Path("/")) -> None:
         self.systemd = systemd
+        #: The triage model; with `model_pinned`, the first model pinned in
+        #: modeld when there is one, else `model`.
         self.model = model
-        self.hold_sec = hold_sec
-        self.recent_usec = recent_usec
+        self.model_pinned = model_pinned
+        self.window_usec = window_usec
         self.sysfs_root = sysfs_root
         #: The answer being decoded: text, tokens, when Chat was called.
         self._partial: tuple[str, int, float] | None = None
@@ -62,23 +67,88 @@ class Live:
                 f"{(time.monotonic() - since) * 1e3:.0f} ms")
 
     async def context(self, unit: str, failure_usec: int) -> Facts:
+        """contextd's timeline and journal slice, systemd's view of the unit
+        and toold's tools, asked at once."""
+        timeline, facts, tools = await asyncio.gather(
+            self._timeline(unit, failure_usec), self.unit_facts(unit), self._tools(),
+            return_exceptions=True)
+        if isinstance(timeline, BaseException):
+            raise timeline
+        changes, journal, at = timeline
+        named = sorted({c.package for c in changes if c.kind == "package" and c.package})
+        packages = f", packages: {', '.join(named)}" if named else ""
+        seen = "" if isinstance(facts, UnitFacts) else f"; systemd not asked: {facts}"
+        return Facts(failure_usec=at, changes=changes, journal=journal,
+                     unit=facts if isinstance(facts, UnitFacts) else None,
+                     tools=tuple(tools) if isinstance(tools, list) else KNOWN_TOOLS,
+                     summary=f"{len(changes)} events ({_kinds(changes)}), "
+                             f"{len(journal)} journal lines{packages}{seen}")
+
+    async def _timeline(self, unit: str, failure_usec: int
+                        ) -> tuple[list[Change], list[str], int]:
         from syntrop.interfaces.context import Context1
         from syntrop.varlink.client import connect
 
         async with await connect(Context1, timeout=CALL_TIMEOUT) as context:
-            reply = await context.GetUnitContext(unit=unit, failure_usec=failure_usec)
+            reply = await context.GetUnitContext(unit=unit, failure_usec=failure_usec,
+                                                 window_usec=self.window_usec)
         changes = [
             Change(kind=str(_field(e, "kind")), timestamp_usec=int(_field(e, "timestamp_usec")),
                    path=_field(e, "path"), unit=_field(e, "unit"), action=_field(e, "action"),
                    package=_field(e, "package"), summary=str(_field(e, "summary") or ""))
             for e in _field(reply, "events") or []]
         journal = [str(_field(line, "message")) for line in _field(reply, "journal") or []]
-        named = sorted({c.package for c in changes if c.kind == "package" and c.package})
-        packages = f", packages: {', '.join(named)}" if named else ""
-        return Facts(failure_usec=int(_field(reply, "failure_usec") or failure_usec),
-                     changes=changes, journal=journal,
-                     summary=f"{len(changes)} events ({_kinds(changes)}), "
-                             f"{len(journal)} journal lines{packages}")
+        return changes, journal, int(_field(reply, "failure_usec") or failure_usec)
+
+    async def _tools(self) -> list[str]:
+        from syntrop.interfaces.tool import Tool1
+        from syntrop.sentry import decide
+        from syntrop.varlink.client import connect
+
+        async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
+            return decide.tool_names(_unwrap(await tool.ListTools(), "tools"))
+
+    async def unit_facts(self, unit: str) -> UnitFacts:
+        """What systemd says of the unit (findings.UnitFacts)."""
+        if self.systemd is None:
+            raise RuntimeError("no system bus")
+        systemd = self.systemd
+        props = await systemd.unit_properties(unit)
+        requires = tuple(dict.fromkeys(
+            str(name) for key in ("Requires", "BindsTo", "Requisite")
+            for name in props.get(key, ()) or ()))
+
+        async def failed(dependency: str) -> bool:
+            try:
+                return (await systemd.unit_state(dependency)).active_state == "failed"
+            except Exception:  # an unloadable dependency is not a failed one
+                return False
+
+        states = await asyncio.gather(*(failed(d) for d in requires))
+        programs = tuple(str(entry[0]) for entry in props.get("ExecStart", ()) or ()
+                         if entry and entry[0])
+
+        def directories(key: str, root: str) -> tuple[str, ...]:
+            return tuple(f"{root}/{name}" for name in props.get(key, ()) or ())
+
+        return UnitFacts(
+            unit=unit, load_state=str(props.get("LoadState", "")),
+            active_state=str(props.get("ActiveState", "")), result=str(props.get("Result", "")),
+            exec_main_code=int(props.get("ExecMainCode", 0) or 0),
+            exec_main_status=int(props.get("ExecMainStatus", 0) or 0),
+            need_daemon_reload=bool(props.get("NeedDaemonReload", False)),
+            active_enter_usec=int(props.get("ActiveEnterTimestamp", 0) or 0),
+            inactive_exit_usec=int(props.get("InactiveExitTimestamp", 0) or 0),
+            fragment_path=str(props.get("FragmentPath", "")),
+            drop_in_paths=tuple(str(p) for p in props.get("DropInPaths", ()) or ()),
+            exec_paths=programs,
+            missing_exec=tuple(p for p in programs if not os.path.exists(p)),
+            cache_dirs=directories("CacheDirectory", "/var/cache"),
+            state_dirs=directories("StateDirectory", "/var/lib"),
+            runtime_dirs=directories("RuntimeDirectory", "/run"),
+            requires=requires,
+            failed_dependencies=tuple(d for d, bad in zip(requires, states, strict=True) if bad),
+            n_restarts=int(props.get("NRestarts", 0) or 0))
 
     async def gang(self, unit: str, facts: Facts) -> str:
         """Classify the context's kernel and journal lines; quarantine the
@@ -123,36 +193,28 @@ class Live:
         async with await connect(Inference1, timeout=CALL_TIMEOUT) as inference:
             await inference.ReleaseLease(lease_id=lease_id)
 
-    async def decide(self, unit: str, facts: Facts) -> Decision:
-        """Ask the model through Runtime1.Chat, offering only the tools the
-        evidence allows. Fails (and the rules decide) when toold or runtimed
-        is absent or the answer is not an acceptable call of an offered tool;
-        the error carries the raw answer."""
-        from syntrop.interfaces.tool import Tool1
+    async def decide(self, unit: str, findings: list[str], cause: str, journal: list[str],
+                     offered: list[Plan]) -> Plan:
+        """Ask the model through Runtime1.Chat to choose among the offered
+        plans (its answer constrained to them). Fails (and the rules' plan
+        stands) when runtimed is absent or the answer is not an offered
+        plan; the error carries the raw answer."""
         from syntrop.sentry import decide
-        from syntrop.varlink.client import connect
 
         started = time.monotonic()
         self._partial = None
-        async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
-            known = decide.specs(_unwrap(await tool.ListTools(), "tools"))
-        listed = time.monotonic()
-        evidence = decide.Evidence(unit=unit, failure_usec=facts.failure_usec,
-                                   changes=facts.changes, journal=facts.journal)
-        offered = decide.offers(evidence, known, self.recent_usec)
+        evidence = decide.Evidence(unit=unit, findings=findings, cause=cause, journal=journal)
         text, tokens = await self.chat(decide.messages(evidence, offered),
-                                       decide.answer_schema(offered, unit))
-        answered = time.monotonic()
-        timing = (f"{tokens} tokens; ListTools {(listed - started) * 1e3:.0f} ms, "
-                  f"Chat {(answered - listed) * 1e3:.0f} ms")
-        offer = "|".join(s.name for s in offered)
+                                       decide.answer_schema(offered))
+        timing = f"{tokens} tokens; Chat {(time.monotonic() - started) * 1e3:.0f} ms"
+        offer = " | ".join(p.describe() for p in offered)
         try:
-            chosen = decide.parse(text, offered, unit)
+            chosen = decide.parse(text, offered)
         except decide.AnswerError as error:
             raise decide.AnswerError(f"answer {decide.summarise(text)!r} rejected: {error} "
                                      f"(offered {offer}; {timing})") from None
-        return Decision(tool=chosen.tool, parameters=chosen.parameters,
-                        reason=f"answer {decide.summarise(text)!r} (offered {offer}; {timing})")
+        return Plan(steps=chosen.steps, reason=f"answer {decide.summarise(text)!r} (offered "
+                                               f"{offer}; {timing})")
 
     async def chat(self, messages: list[tuple[str, str]],
                    schema: dict[str, Any]) -> tuple[str, int]:
@@ -160,7 +222,6 @@ class Live:
         to `schema` (the accepted answers), so the answer always parses; it
         is still checked as strictly as before. Returns the text and the
         tokens generated."""
-        import json
 
         from syntrop.interfaces.runtime import ChatMessage, Constraint, Runtime1, Sampling
         from syntrop.sentry import decide
@@ -170,9 +231,10 @@ class Live:
                             top_p=None, top_k=None, seed=decide.SEED, stop=None)
         text, tokens = "", 0
         self._partial = (text, tokens, time.monotonic())
+        model = await self.triage_model()
         async with await connect(Runtime1, timeout=CALL_TIMEOUT) as runtime:
             async for reply in runtime.Chat(
-                    model=self.model, sampling=sampling,
+                    model=model, sampling=sampling,
                     constraint=Constraint(json_schema=json.dumps(schema)),
                     messages=[ChatMessage(role=role, content=content)
                               for role, content in messages]):
@@ -182,32 +244,73 @@ class Live:
                 self._partial = (text, tokens, self._partial[2])
         return text, tokens
 
-    async def execute(self, decision: Decision) -> Executed:
-        from syntrop.interfaces.tool import Tool1
+    async def triage_model(self) -> str:
+        """The model to ask: the configured one, or the first pinned in
+        modeld (its List), else the default."""
+        if not self.model_pinned:
+            return self.model
+        from syntrop.interfaces.model import Model1
+        from syntrop.varlink.client import connect
+
+        try:
+            async with await connect(Model1, timeout=CALL_TIMEOUT) as modeld:
+                models = _unwrap(await modeld.List(), "models")
+        except Exception:  # modeld unreachable: the default, and Chat says the rest
+            return self.model
+        pinned = sorted(str(_field(m, "name")) + ("" if _field(m, "tag") in (None, "latest")
+                                                  else f":{_field(m, 'tag')}")
+                        for m in models or [] if _field(m, "pinned"))
+        return pinned[0] if pinned else self.model
+
+    async def execute(self, unit: str, plan: Plan) -> Executed:
+        """The plan as one Tool1.ExecutePlan: toold checks it whole, runs
+        each step as Execute does (audited), and stops at the first that
+        does not succeed."""
+        from syntrop.interfaces.tool import PlanStep, Tool1
         from syntrop.varlink.client import connect
 
         async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
-            reply = await tool.Execute(tool=decision.tool, parameters=decision.parameters)
-        outcome = str(_field(reply, "outcome"))
-        if outcome != "succeeded":
-            raise RuntimeError(f"{decision.tool} {outcome}: {_field(reply, 'message')}")
-        return Executed(outcome=outcome, message=str(_field(reply, "message") or ""))
+            reply = await tool.ExecutePlan(unit=unit, steps=[
+                PlanStep(tool=step.tool, parameters=dict(step.parameters))
+                for step in plan.steps])
+        results = _field(reply, "steps") or []
+        steps = [StepRecord(tool=step.tool, parameters=dict(step.parameters),
+                            outcome=str(_field(result, "outcome")),
+                            message=str(_field(result, "error") or _field(result, "message")
+                                        or ""))
+                 for step, result in zip(plan.steps, results, strict=False)]
+        return Executed(outcome=str(_field(reply, "outcome")),
+                        message=str(_field(reply, "message") or ""), steps=steps)
 
     async def still_failed(self, unit: str) -> bool:
         if self.systemd is None:
             return False
         return (await self.systemd.unit_state(unit)).active_state == "failed"
 
-    async def verify(self, unit: str) -> bool:
-        """Active now and still active after the hold."""
+    async def start_dependent(self, unit: str) -> bool:
+        """Whether `unit` is still waiting for a start its dependency's
+        failure cost it (inactive or failed, not started since)."""
+        if self.systemd is None:
+            return False
+        state = await self.systemd.unit_state(unit)
+        return state.active_state in ("inactive", "failed")
+
+    async def verify(self, unit: str, hold_usec: int) -> bool:
+        """Active now, and at every look through the hold, without systemd
+        restarting it meanwhile (a unit that flaps is not healed)."""
         if self.systemd is None:
             raise RuntimeError("no system bus: cannot see the unit's state")
-        state = await self.systemd.unit_state(unit)
-        if state.active_state != "active":
+        first = await self.systemd.unit_state(unit)
+        if first.active_state != "active":
             return False
-        await asyncio.sleep(self.hold_sec)
-        state = await self.systemd.unit_state(unit)
-        return state.active_state == "active"
+        deadline = time.monotonic() + hold_usec / SECOND
+        while True:
+            await asyncio.sleep(min(VERIFY_POLL, max(0.0, deadline - time.monotonic())))
+            state = await self.systemd.unit_state(unit)
+            if state.active_state != "active" or state.n_restarts != first.n_restarts:
+                return False
+            if time.monotonic() >= deadline:
+                return True
 
 
 def _kinds(changes: list[Change]) -> str:
@@ -217,5 +320,4 @@ def _kinds(changes: list[Change]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none"
 
 
-def describe(decision: Decision) -> str:
-    return json.dumps({"tool": decision.tool, "parameters": decision.parameters})
+

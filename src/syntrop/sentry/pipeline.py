@@ -1,16 +1,23 @@
 """The triage pipeline: context → gang → lease → decide → execute → verify
-→ release, each phase under its own hard budget (asyncio.timeout).
+→ release, each phase under its own hard budget.
 
 Design note: the phases are injected async callables, so this module does
 no I/O of its own (service.py wires them to the daemons, tests to fakes).
-A phase that overruns or fails never stops the triage: without context the
-rules decide on what they have; without a lease the model is not asked;
-when the model cannot decide (Runtime1 missing, a timeout, a bad answer)
-the rules decide and the incident says decided_by=rules. The model may
-also choose `none`: nothing is executed. The gang phase (when wired) runs
-when the context has kernel or journal lines: it quarantines faulty GPU
-planes, and the triage goes on. The release phase always runs when a lease
-was taken.
+Between context and lease the rules run (findings.py, pure): the findings
+of the evidence, the cause, and the rules' plan. A phase that overruns or
+fails never stops the triage: without context the rules plan on what they
+have; without a lease the model is not asked; when the model cannot
+decide (Runtime1 missing, a timeout, an answer that is not an offered
+plan) the rules' plan stands and the incident says decided_by=rules. The
+plan runs as one Tool1.ExecutePlan (each step audited by toold; the first
+that fails stops it); verify holds the unit's state for longer than it
+lived before failing. The release phase always runs when a lease was taken.
+
+Results: healed (the plan ran and the unit stayed active through the
+window), failed (it did not), needs_human (the cause is out of the tools'
+reach and a restart, if one was due, did not heal it), waiting (a failed
+dependency is triaged first), left_alone (the model chose no plan),
+breaker_open, protected (set by the supervisor).
 """
 
 import asyncio
@@ -22,14 +29,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from syntrop.sentry import rules
-from syntrop.sentry.rules import NONE, Change, Decision
+from syntrop.sentry import findings as rules
+from syntrop.sentry.findings import Cause, Change, Finding, Plan, UnitFacts
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Clock = Callable[[], int]
 MS = 1_000
+SECOND = 1_000_000
+#: The tools toold had in this release, for when ListTools cannot be asked.
+KNOWN_TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache")
 
 
 def wall_clock_usec() -> int:
@@ -38,13 +48,16 @@ def wall_clock_usec() -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Facts:
-    """What the context phase learnt."""
+    """What the context phase learnt: contextd's timeline and journal slice,
+    systemd's view of the unit, and the tools toold offers."""
 
     failure_usec: int
     changes: list[Change] = field(default_factory=list)
     #: The unit's journal lines around the failure (messages).
     journal: list[str] = field(default_factory=list)
     summary: str = ""
+    unit: UnitFacts | None = None
+    tools: tuple[str, ...] = KNOWN_TOOLS
 
     def kernel_lines(self) -> list[str]:
         """What gang triage reads: kernel events' summaries and the journal."""
@@ -53,11 +66,23 @@ class Facts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """A step of the incident's plan and how it went (not_run when an
+    earlier step failed or nothing ran)."""
+
+    tool: str
+    parameters: dict[str, Any]
+    outcome: str = "not_run"
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Executed:
-    """What the execute phase reports: toold's outcome and message."""
+    """What the execute phase reports: the plan's outcome and each step's."""
 
     outcome: str
     message: str = ""
+    steps: list[StepRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,9 +91,12 @@ class Phases:
 
     context: Callable[[str, int], Awaitable[Facts]]
     lease: Callable[[str], Awaitable[str]]
-    decide: Callable[[str, Facts], Awaitable[Decision]]
-    execute: Callable[[Decision], Awaitable[Executed]]
-    verify: Callable[[str], Awaitable[bool]]
+    #: The model's choice among the offered plans (the unit, the evidence
+    #: and cause in words, the plans).
+    decide: Callable[[str, list[str], str, list[str], list[Plan]], Awaitable[Plan]]
+    execute: Callable[[str, Plan], Awaitable[Executed]]
+    #: Whether the unit is active and stays so for the hold (microseconds).
+    verify: Callable[[str, int], Awaitable[bool]]
     release: Callable[[str], Awaitable[None]]
     #: Gang triage: quarantines faulty planes, returns what it did in words.
     gang: Callable[[str, Facts], Awaitable[str]] | None = None
@@ -88,7 +116,7 @@ class Budgets:
     lease_usec: int = 1_000 * MS
     decide_usec: int = 1_800 * MS
     execute_usec: int = 30_000 * MS
-    verify_usec: int = 10_000 * MS
+    verify_usec: int = 15_000 * MS
     release_usec: int = 500 * MS
 
 
@@ -108,22 +136,26 @@ class IncidentRecord:
     unit: str
     detected_usec: int
     trigger: str
+    #: The plan's first step as a Tool1 call, JSON (None: no step).
     decision: str | None
     decided_by: str | None
     result: str
     phases: list[PhaseRecord]
     summary: str
+    cause: Cause | None = None
+    plan: list[StepRecord] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def encode(decision: Decision | None) -> str | None:
-    if decision is None:
+def encode(plan: Plan | None) -> str | None:
+    """The plan's first step, as the incident's `decision` has always said."""
+    if plan is None or not plan.steps:
         return None
-    return json.dumps({"tool": decision.tool, "parameters": decision.parameters},
-                      sort_keys=True)
+    return json.dumps(plan.steps[0].wire(), sort_keys=True)
 
 
 class _Run:
@@ -197,11 +229,37 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text != type(error).__name__ else text
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """What the triage is allowed, from configuration and the breaker."""
+
+    #: Earlier remediations of this unit in the breaker's window.
+    attempts: int = 0
+    #: How long a healed unit must stay active, at least and at most.
+    hold_min_usec: int = 5 * SECOND
+    hold_max_usec: int = 12 * SECOND
+
+
+def _plan_steps(plan: Plan, executed: Executed | None) -> list[StepRecord]:
+    if executed is not None and executed.steps:
+        return executed.steps
+    return [StepRecord(tool=step.tool, parameters=dict(step.parameters)) for step in plan.steps]
+
+
+def _ran(steps: list[StepRecord]) -> str:
+    if not steps:
+        return "nothing ran"
+    return "; ".join(f"{s.tool} {s.outcome}" + (f" ({s.message})" if s.message and
+                                                s.outcome != "not_run" else "")
+                     for s in steps)
+
+
 async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, clock: Clock,
                  detected_usec: int, breaker_open: bool = False,
-                 recent_usec: int = rules.DEFAULT_RECENT_USEC,
+                 policy: Policy | None = None,
                  incident_id: str | None = None) -> IncidentRecord:
     """Run one triage to its end; never raises for a phase's failure."""
+    policy = policy or Policy()
     run = _Run(clock)
     ident = incident_id or new_id()
     if breaker_open:
@@ -224,41 +282,51 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         else:
             run.skip("gang", budgets.gang_usec, "no kernel or journal lines")
 
+    # The rules: findings, the cause, the plan (pure, no budget needed).
+    unit_facts = facts.unit or UnitFacts(unit=unit)
+    found: list[Finding] = rules.find(unit, trigger, facts.changes, facts.journal, unit_facts,
+                                      facts.failure_usec, attempts=policy.attempts)
+    cause = rules.cause(found, facts.failure_usec)
+    plan = rules.plan(cause, unit, facts.tools, unit_facts, restarted=policy.attempts > 0)
+    lines = [f.line(facts.failure_usec) for f in found]
+
     got_lease, lease_id = await run.phase("lease", budgets.lease_usec,
                                           lambda: phases.lease(unit))
-    decision: Decision | None = None
     decided_by = "rules"
-    if got_lease:
-        known = facts
-        ok, decision = await run.phase(
-            "decide", budgets.decide_usec, lambda: phases.decide(unit, known),
-            lambda d: f"model chose {encode(d)}; {d.reason}", phases.decide_progress)
-        if ok and decision is not None:
-            decided_by = "model"
+    offered = rules.candidates(plan, unit, facts.tools, cause)
+    if got_lease and len(offered) > 1:
+        ok, chosen = await run.phase(
+            "decide", budgets.decide_usec,
+            lambda: phases.decide(unit, lines, cause.summary, facts.journal, offered),
+            lambda p: f"model chose {p.describe()}; {p.reason}", phases.decide_progress)
+        if ok and chosen is not None:
+            plan, decided_by = chosen, "model"
+    elif got_lease:
+        run.skip("decide", budgets.decide_usec, f"one plan to offer: {plan.describe()}")
     else:
         run.skip("decide", budgets.decide_usec, "no lease: the model is not asked")
-    if decision is None:
-        decision = rules.decide(unit, facts.changes, facts.failure_usec, breaker_open=False,
-                                recent_usec=recent_usec)
 
     healed = False
     executed: Executed | None = None
-    if decision is None or decision.tool == NONE:
-        why = "the model chose no action" if decision else "no action"
+    if not plan.steps:
+        why = "the model chose no plan" if decided_by == "model" else plan.reason
         run.skip("execute", budgets.execute_usec, why)
         run.skip("verify", budgets.verify_usec, why)
     else:
-        chosen = decision
+        chosen_plan = plan
         ok, executed = await run.phase(
-            "execute", budgets.execute_usec, lambda: phases.execute(chosen),
-            lambda e: f"{e.outcome}: {e.message}")
-        if ok:
-            ok, active = await run.phase("verify", budgets.verify_usec,
-                                         lambda: phases.verify(unit),
-                                         lambda a: "active" if a else "not active")
+            "execute", budgets.execute_usec, lambda: phases.execute(unit, chosen_plan),
+            lambda e: f"{e.outcome}: {_ran(e.steps) if e.steps else e.message}")
+        if ok and executed is not None and executed.outcome == "succeeded":
+            hold = rules.verify_hold_usec(unit_facts, facts.failure_usec,
+                                          policy.hold_min_usec, policy.hold_max_usec)
+            ok, active = await run.phase(
+                "verify", budgets.verify_usec, lambda: phases.verify(unit, hold),
+                lambda a: f"active for {hold / SECOND:.1f} s" if a
+                else f"not active through {hold / SECOND:.1f} s")
             healed = bool(ok and active)
         else:
-            run.skip("verify", budgets.verify_usec, "nothing was executed")
+            run.skip("verify", budgets.verify_usec, "the plan did not succeed")
 
     if got_lease and lease_id is not None:
         held = lease_id
@@ -267,16 +335,23 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     else:
         run.skip("release", budgets.release_usec, "no lease held")
 
-    result = "healed" if healed else "failed"
-    if decision is not None and decision.tool == NONE:
+    steps = _plan_steps(plan, executed)
+    if healed:
+        result = "healed"
+    elif not plan.steps and decided_by == "model":
         result = "left_alone"
-    action = decision.tool if decision else "nothing"
-    how = executed.outcome if executed else "not run"
-    summary = f"{unit}: {trigger}; {decided_by} chose {action} ({how}); {result}"
+    elif not plan.steps and cause.kind == rules.DEPENDENCY:
+        result = "waiting"
+    elif not cause.fixable:
+        result = "needs_human"
+    else:
+        result = "failed"
+    summary = (f"{unit}: {trigger}; cause: {cause.summary}; {decided_by} planned "
+               f"{plan.describe()}; {_ran(steps) if plan.steps else plan.reason}; {result}")
     return IncidentRecord(
         id=ident, unit=unit, detected_usec=detected_usec, trigger=trigger,
-        decision=encode(decision), decided_by=decided_by if decision else None,
-        result=result, phases=run.phases, summary=summary)
+        decision=encode(plan), decided_by=decided_by, result=result, phases=run.phases,
+        summary=summary, cause=cause, plan=steps, findings=lines)
 
 
 def _names(budgets: Budgets) -> list[tuple[str, int]]:

@@ -9,6 +9,7 @@ incident records it).
 """
 
 import asyncio
+import json
 import logging
 import re
 from typing import Any
@@ -17,10 +18,12 @@ from syntrop.config import Paths
 from syntrop.interfaces.sentry import (
     Breaker,
     BreakerOpen,
+    Cause,
     Incident,
     IncidentNotFound,
     InvalidUnitName,
     Phase,
+    PlanStep,
     Sentry1,
     StatusResult,
     UnitIgnored,
@@ -40,8 +43,8 @@ logger = logging.getLogger(__name__)
 BUS_TIMEOUT = 2.0
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
+#: The triage model when sentry.toml names none and modeld pins none.
 MODEL = "smollm2"
-HOLD_SEC = 1.0
 FAILED_RESULTS = {"failed": "job_failed", "timeout": "job_timeout",
                   "dependency": "job_dependency"}
 _UNIT = re.compile(r"[A-Za-z0-9:_.\\@-]+\.(service|socket|target|device|mount|automount|"
@@ -53,13 +56,20 @@ def valid_unit_name(unit: str) -> bool:
 
 
 def _wire(record: IncidentRecord) -> Incident:
+    cause = record.cause
     return Incident(
         id=record.id, unit=record.unit, detected_usec=record.detected_usec,
         trigger=record.trigger, decision=record.decision, decided_by=record.decided_by,
         result=record.result, summary=record.summary,
         phases=[Phase(name=p.name, started_usec=p.started_usec,
                       duration_usec=p.duration_usec, budget_usec=p.budget_usec,
-                      outcome=p.outcome, detail=p.detail) for p in record.phases])
+                      outcome=p.outcome, detail=p.detail) for p in record.phases],
+        cause=None if cause is None else Cause(
+            kind=cause.kind, fixable=cause.fixable, summary=cause.summary,
+            subject=cause.subject, package=cause.package, evidence=list(cause.evidence)),
+        plan=[PlanStep(tool=s.tool, parameters=json.dumps(s.parameters, sort_keys=True),
+                       outcome=s.outcome, message=s.message) for s in record.plan],
+        findings=list(record.findings))
 
 
 class SentryService(Sentry1):
@@ -73,10 +83,12 @@ class SentryService(Sentry1):
         self.systemd = systemd
         self.slots: list[Any] = []
         self.clock = wall_clock_usec
-        live = Live(systemd=systemd, model=MODEL, hold_sec=HOLD_SEC,
-                    recent_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root)
+        live = Live(systemd=systemd, model=self.config.model or MODEL,
+                    model_pinned=self.config.model is None,
+                    window_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root)
         self.supervisor = Supervisor(self.store, live.phases(), self.config, self.clock,
-                                     on_change=self._status, still_failed=live.still_failed)
+                                     on_change=self._status, still_failed=live.still_failed,
+                                     start_lost=live.start_dependent)
         self.supervisor.start()
 
     @classmethod
@@ -87,6 +99,10 @@ class SentryService(Sentry1):
         except (sd.SystemdError, TimeoutError) as error:
             logger.warning("no system bus (%s): not watching systemd, ignoring", error)
         service = cls(paths, systemd=systemd)
+        interrupted = await service.store.interrupted()
+        if interrupted:
+            logger.warning("%d incidents were left in progress by a sentry that stopped "
+                           "mid-triage: closed as interrupted", interrupted)
         if systemd is not None:
             try:
                 service.slots = await sd.watch_units(systemd, service._job, service._state)

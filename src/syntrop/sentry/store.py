@@ -6,7 +6,8 @@ import sqlite3
 from pathlib import Path
 
 from syntrop.sentry.breaker import State
-from syntrop.sentry.pipeline import IncidentRecord, PhaseRecord
+from syntrop.sentry.findings import Cause
+from syntrop.sentry.pipeline import IncidentRecord, PhaseRecord, StepRecord
 from syntrop.system.sqlite import Database
 
 MIGRATIONS = [
@@ -32,23 +33,35 @@ MIGRATIONS = [
         needs_human INTEGER NOT NULL
     )
     """,
+    """
+    ALTER TABLE incidents ADD COLUMN cause TEXT;
+    ALTER TABLE incidents ADD COLUMN plan TEXT;
+    ALTER TABLE incidents ADD COLUMN findings TEXT
+    """,
 ]
 
 MAX_INCIDENTS = 10_000
 
 
 def _incident(row: tuple[object, ...]) -> IncidentRecord:
-    (ident, unit, detected, trigger, decision, decided_by, result, phases, summary) = row
+    (ident, unit, detected, trigger, decision, decided_by, result, phases, summary,
+     cause, plan, findings) = row
+    found = json.loads(str(cause)) if cause else None
     return IncidentRecord(
         id=str(ident), unit=str(unit), detected_usec=int(str(detected)), trigger=str(trigger),
         decision=None if decision is None else str(decision),
         decided_by=None if decided_by is None else str(decided_by),
         result=str(result),
         phases=[PhaseRecord(**p) for p in json.loads(str(phases))],
-        summary=str(summary))
+        summary=str(summary),
+        cause=None if found is None else Cause(**{**found,
+                                                  "evidence": tuple(found["evidence"])}),
+        plan=[StepRecord(**s) for s in json.loads(str(plan))] if plan else [],
+        findings=list(json.loads(str(findings))) if findings else [])
 
 
-_COLUMNS = "id, unit, detected_usec, trigger, decision, decided_by, result, phases, summary"
+_COLUMNS = ("id, unit, detected_usec, trigger, decision, decided_by, result, phases, summary, "
+            "cause, plan, findings")
 
 
 class Store:
@@ -64,15 +77,25 @@ class Store:
              "budget_usec": p.budget_usec, "outcome": p.outcome, "detail": p.detail}
             for p in incident.phases])
 
+        cause = None if incident.cause is None else json.dumps(
+            {"kind": incident.cause.kind, "fixable": incident.cause.fixable,
+             "summary": incident.cause.summary, "subject": incident.cause.subject,
+             "package": incident.cause.package, "evidence": list(incident.cause.evidence)})
+        plan = json.dumps([{"tool": s.tool, "parameters": s.parameters, "outcome": s.outcome,
+                            "message": s.message} for s in incident.plan])
+        findings = json.dumps(incident.findings)
+
         def put(c: sqlite3.Connection) -> None:
             c.execute(
-                f"INSERT INTO incidents ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO incidents ({_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET decision=excluded.decision, "
                 "decided_by=excluded.decided_by, result=excluded.result, "
-                "phases=excluded.phases, summary=excluded.summary",
+                "phases=excluded.phases, summary=excluded.summary, cause=excluded.cause, "
+                "plan=excluded.plan, findings=excluded.findings",
                 (incident.id, incident.unit, incident.detected_usec, incident.trigger,
                  incident.decision, incident.decided_by, incident.result, phases,
-                 incident.summary))
+                 incident.summary, cause, plan, findings))
             c.execute("DELETE FROM incidents WHERE seq <= "
                       "(SELECT MAX(seq) FROM incidents) - ?", (MAX_INCIDENTS,))
 
@@ -96,6 +119,17 @@ class Store:
             return [_incident(r) for r in reversed(rows)]
 
         return await self.db.run(get)
+
+    async def interrupted(self) -> int:
+        """Close incidents left in progress by a sentry that was killed
+        mid-triage (at start-up); how many."""
+        def put(c: sqlite3.Connection) -> int:
+            return c.execute(
+                "UPDATE incidents SET result = 'interrupted', summary = unit || "
+                "': interrupted: systemd-sentry stopped while triaging; what it had started "
+                "may not have finished' WHERE result = 'in_progress'").rowcount
+
+        return await self.db.run(put)
 
     async def counts(self) -> tuple[int, int]:
         """(incidents in progress, incidents in all)."""

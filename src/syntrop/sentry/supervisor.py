@@ -4,8 +4,15 @@ Design note: signals arrive from the D-Bus callback and must never block
 it, so `offer()` is a put_nowait into a bounded queue (a full queue drops
 the signal and counts it). One consumer task triages one unit at a time, in
 arrival order; a unit already queued or being triaged is not queued twice.
-The breaker is consulted and charged around each triage and persisted with
-the incident, before anyone can read either.
+The breaker is consulted before each triage and charged after it when its
+plan had steps (one attempt per incident, whatever the plan's length; an
+incident that only waits or names a cause out of reach charges nothing),
+persisted with the incident, before anyone can read either. A protected
+unit gets an incident that says so and nothing else. A cause out of the
+tools' reach that what was due did not heal marks the unit for a human at
+once. A unit whose start was lost
+to a failed dependency waits for that dependency's triage; once it heals,
+the unit's start is retried (trigger dependency_healed).
 """
 
 import asyncio
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 from syntrop.sentry import breaker
 from syntrop.sentry.config import Config
-from syntrop.sentry.pipeline import IncidentRecord, Phases, new_id, triage
+from syntrop.sentry.pipeline import IncidentRecord, PhaseRecord, Phases, Policy, new_id, triage
 from syntrop.sentry.store import Store
 
 logger = logging.getLogger(__name__)
@@ -33,7 +40,8 @@ class Supervisor:
     def __init__(self, store: Store, phases: Phases, config: Config,
                  clock: Callable[[], int],
                  on_change: Callable[[], None] | None = None,
-                 still_failed: Callable[[str], Awaitable[bool]] | None = None) -> None:
+                 still_failed: Callable[[str], Awaitable[bool]] | None = None,
+                 start_lost: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.store = store
         self.phases = phases
         self.config = config
@@ -49,6 +57,10 @@ class Supervisor:
         #: never retry; a unit that stays failed makes no new signal.)
         self.still_failed = still_failed
         self._retries: dict[str, asyncio.TimerHandle] = {}
+        #: Asked once a dependency healed: is the unit still waiting for
+        #: the start it lost? Units waiting, by the dependency they wait for.
+        self.start_lost = start_lost
+        self.waiting: dict[str, set[str]] = {}
         self._checks: set[asyncio.Task[None]] = set()
         #: Set when a signal was taken off the queue (for benches: the
         #: moment triage starts).
@@ -95,10 +107,40 @@ class Supervisor:
             except Exception:
                 logger.exception("triage of %s failed", signal.unit)
             else:
-                if incident.result != "healed":
-                    await self._schedule_retry(signal.unit)
+                await self._after(incident)
             finally:
                 self.pending.discard(signal.unit)
+
+    async def _after(self, incident: IncidentRecord) -> None:
+        """What an incident leads to: a dependency triaged, dependents'
+        starts retried, a backoff retry."""
+        unit = incident.unit
+        if incident.result == "waiting" and incident.cause is not None \
+                and incident.cause.subject:
+            dependency = incident.cause.subject
+            self.waiting.setdefault(dependency, set()).add(unit)
+            # Its own failure signal usually came first; if not, triage it.
+            self.offer(Signal(unit=dependency, trigger="dependency_of",
+                              detected_usec=self.clock()))
+            return
+        if incident.result == "healed":
+            for dependent in sorted(self.waiting.pop(unit, set())):
+                await self._retry_dependent(dependent)
+            return
+        if incident.result not in ("protected", "needs_human"):
+            await self._schedule_retry(unit)
+
+    async def _retry_dependent(self, unit: str) -> None:
+        if self.start_lost is None:
+            return
+        try:
+            lost = await self.start_lost(unit)
+        except Exception as error:
+            logger.info("cannot tell whether %s still waits (%s), ignoring", unit, error)
+            return
+        if lost:
+            self.offer(Signal(unit=unit, trigger="dependency_healed",
+                              detected_usec=self.clock()))
 
     async def _schedule_retry(self, unit: str) -> None:
         """CrashLoopBackOff: a unit left failed is tried again when its
@@ -143,6 +185,11 @@ class Supervisor:
     async def _triage(self, unit: str, trigger: str, detected_usec: int) -> IncidentRecord:
         policy = self.config.policy
         now = self.clock()
+        if self.config.is_protected(unit):
+            incident = _protected(unit, trigger, detected_usec, now)
+            await self.store.put_incident(incident)
+            logger.info("%s", incident.summary)
+            return incident
         state = await self.store.breaker(unit)
         verdict = breaker.check(state, now, policy)
         if not verdict.allowed:
@@ -152,16 +199,32 @@ class Supervisor:
                                     detected_usec=detected_usec, breaker_open=True)
             await self.store.put_incident(incident)
             return incident
-        await self.store.put_breaker(breaker.record_attempt(state, now, policy))
+        attempts = breaker.attempts_in_window(state, now, policy)  # for the rules
         ident = new_id()
         await self.store.put_incident(IncidentRecord(
             id=ident, unit=unit, detected_usec=detected_usec, trigger=trigger,
             decision=None, decided_by=None, result="in_progress", phases=[],
             summary=f"{unit}: {trigger}; triage in progress"))
-        incident = await triage(unit, trigger, phases=self.phases,
-                                budgets=self.config.budgets, clock=self.clock,
-                                detected_usec=detected_usec,
-                                recent_usec=self.config.recent_usec, incident_id=ident)
+        incident = await triage(
+            unit, trigger, phases=self.phases, budgets=self.config.budgets, clock=self.clock,
+            detected_usec=detected_usec, incident_id=ident,
+            policy=Policy(attempts=attempts, hold_min_usec=self.config.verify_usec,
+                          hold_max_usec=self.config.verify_max_usec))
+        if incident.plan:  # an attempt was made (one per incident, whatever its length)
+            state = breaker.record_attempt(state, now, policy)
+        if incident.result == "needs_human":
+            state = breaker.record_out_of_reach(state)
+        await self.store.put_breaker(state)
         await self.store.put_incident(incident)
         logger.info("%s", incident.summary)
         return incident
+
+
+def _protected(unit: str, trigger: str, detected_usec: int, now: int) -> IncidentRecord:
+    phases = [PhaseRecord(name=name, started_usec=now, duration_usec=0, budget_usec=0,
+                          outcome="skipped", detail="protected unit")
+              for name in ("context", "lease", "decide", "execute", "verify", "release")]
+    return IncidentRecord(
+        id=new_id(), unit=unit, detected_usec=detected_usec, trigger=trigger, decision=None,
+        decided_by=None, result="protected", phases=phases,
+        summary=f"{unit}: {trigger}; protected: no action")

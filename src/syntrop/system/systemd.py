@@ -177,6 +177,19 @@ class Systemd:
             drop_in_paths=tuple(str(p) for p in props.get("DropInPaths", ())),
         )
 
+    async def unit_properties(self, name: str) -> dict[str, Any]:
+        """Every property of the unit's Unit interface and, for a service,
+        of its Service interface (Result, ExecMainStatus, ExecStart,
+        CacheDirectory, …), as plain values."""
+        path = await self.load_unit(name)
+        props = {key: value[1] for key, value in
+                 dict(await self._call(path, PROPERTIES, "GetAll", "s", UNIT)).items()}
+        if name.endswith(".service"):
+            with contextlib.suppress(SystemdError):
+                service = await self._call(path, PROPERTIES, "GetAll", "s", SERVICE)
+                props.update({key: value[1] for key, value in dict(service).items()})
+        return props
+
     async def unit_property(self, name: str, interface: str, prop: str) -> Any:
         """One property of a unit (e.g. Service.CacheDirectory)."""
         return await self._get(await self.load_unit(name), interface, prop)

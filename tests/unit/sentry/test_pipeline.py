@@ -4,15 +4,17 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import (
     Budgets,
     Executed,
     Facts,
     IncidentRecord,
     Phases,
+    Policy,
+    StepRecord,
     triage,
 )
-from syntrop.sentry.rules import Change, Decision
 
 S = 1_000_000
 MS = 1_000
@@ -32,33 +34,47 @@ class Clock:
         return self.now
 
 
+#: The failed start began 2 s before the failure; the unit last ran well an hour ago.
+RESTARTED = UnitFacts(unit="a.service", active_enter_usec=FAIL - 3600 * S,
+                      inactive_exit_usec=FAIL - 2 * S)
+
+
 class Fakes:
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.executed: list[Decision] = []
+        self.executed: list[Plan] = []
         self.released: list[str] = []
         self.changes: list[Change] = []
+        self.offered: list[list[str]] = []
+        self.holds: list[int] = []
+        self.unit: UnitFacts | None = RESTARTED
         self.active = True
+        self.plan_outcome = "succeeded"
 
     async def context(self, unit: str, failure_usec: int) -> Facts:
         self.calls.append("context")
-        return Facts(failure_usec=failure_usec, changes=self.changes)
+        return Facts(failure_usec=failure_usec, changes=self.changes, unit=self.unit)
 
     async def lease(self, unit: str) -> str:
         self.calls.append("lease")
         return "lease-1"
 
-    async def decide(self, unit: str, facts: Facts) -> Decision:
+    async def decide(self, unit: str, findings: list[str], cause: str, journal: list[str],
+                     offered: list[Plan]) -> Plan:
         self.calls.append("decide")
-        return Decision(tool="unit_restart", parameters={"unit": unit})
+        self.offered.append([p.describe() for p in offered])
+        return offered[0]
 
-    async def execute(self, decision: Decision) -> Executed:
+    async def execute(self, unit: str, plan: Plan) -> Executed:
         self.calls.append("execute")
-        self.executed.append(decision)
-        return Executed(outcome="succeeded")
+        self.executed.append(plan)
+        return Executed(outcome=self.plan_outcome, steps=[
+            StepRecord(tool=s.tool, parameters=dict(s.parameters), outcome=self.plan_outcome)
+            for s in plan.steps])
 
-    async def verify(self, unit: str) -> bool:
+    async def verify(self, unit: str, hold_usec: int) -> bool:
         self.calls.append("verify")
+        self.holds.append(hold_usec)
         return self.active
 
     async def release(self, lease_id: str) -> None:
@@ -99,18 +115,52 @@ def test_pipeline_all_phases_ok_model_decides() -> None:
     assert all(p.duration_usec == MS for p in incident.phases)
     assert json.loads(incident.decision or "") == {
         "tool": "unit_restart", "parameters": {"unit": "a.service"}}
+    assert incident.cause is not None and incident.cause.kind == "transient"
+    assert [(s.tool, s.outcome) for s in incident.plan] == [("unit_restart", "succeeded")]
+    assert fakes.offered == [["unit_restart", "nothing"]]
+    assert fakes.holds == [12 * S]  # it had run for an hour: the longest hold
 
 
 def test_pipeline_decide_timeout_falls_back_to_rules_and_releases() -> None:
     fakes = Fakes()
-    fakes.changes = [Change(kind="dropin", timestamp_usec=FAIL - S, unit="a.service",
+    fakes.changes = [Change(kind="dropin", timestamp_usec=FAIL - 10 * S, unit="a.service",
                             path="/etc/systemd/system/a.service.d/bad.conf")]
     incident = run(fakes.phases(decide=_hang))
     assert outcomes(incident)["decide"] == "timeout"
     assert incident.decided_by == "rules"
-    assert fakes.executed[0].tool == "revert_dropin"
+    assert fakes.executed[0].describe() == "revert_dropin"
     assert fakes.released == ["lease-1"]
     assert incident.result == "healed"
+    assert incident.cause is not None and incident.cause.kind == "dropin_changed"
+
+
+def test_pipeline_a_two_step_plan_and_its_failed_step() -> None:
+    fakes = Fakes()
+    fakes.unit = UnitFacts(unit="a.service", need_daemon_reload=True)
+    fakes.plan_outcome = "failed"
+    incident = run(fakes.phases(decide=_fail))
+    assert [s.tool for s in incident.plan] == ["daemon_reload", "unit_restart"]
+    assert outcomes(incident)["verify"] == "skipped" and incident.result == "failed"
+    assert "daemon_reload failed; unit_restart failed" in incident.summary
+
+
+def test_pipeline_out_of_reach_cause_needs_a_human() -> None:
+    fakes = Fakes()
+    fakes.unit = UnitFacts(unit="a.service", exec_main_code=1, exec_main_status=203,
+                           exec_paths=("/usr/bin/a",), missing_exec=("/usr/bin/a",))
+    incident = run(fakes.phases())
+    assert "execute" not in fakes.calls and "decide" not in fakes.calls
+    assert incident.result == "needs_human" and incident.plan == []
+    assert incident.cause is not None and incident.cause.kind == "executable_missing"
+    assert "no tool can fix it" in incident.summary
+
+
+def test_pipeline_flapping_unit_is_held_longer_than_it_lived() -> None:
+    fakes = Fakes()
+    fakes.unit = UnitFacts(unit="a.service", active_enter_usec=FAIL - 4 * S,
+                           inactive_exit_usec=FAIL - 4 * S)
+    run(fakes.phases(), policy=Policy(hold_min_usec=5 * S, hold_max_usec=12 * S))
+    assert fakes.holds == [9 * S]
 
 
 def test_pipeline_every_daemon_missing_rules_decide_nothing_healed() -> None:
@@ -129,7 +179,7 @@ def test_pipeline_model_unavailable_is_visible() -> None:
     incident = run(fakes.phases(decide=_fail))
     assert outcomes(incident)["decide"] == "failed"
     assert incident.decided_by == "rules"
-    assert "rules chose unit_restart" in incident.summary
+    assert "rules planned unit_restart" in incident.summary
 
 
 def test_pipeline_context_overrun_still_decides() -> None:
@@ -137,7 +187,7 @@ def test_pipeline_context_overrun_still_decides() -> None:
     incident = run(fakes.phases(context=_hang, decide=_fail))
     assert outcomes(incident)["context"] == "timeout"
     assert incident.phases[0].detail == "over its budget of 50 ms"
-    assert fakes.executed[0].tool == "unit_restart"
+    assert fakes.executed[0].describe() == "unit_restart"
 
 
 def test_pipeline_unit_not_active_after_action_fails() -> None:
@@ -173,26 +223,27 @@ def test_pipeline_hard_budget_bounds_wall_time() -> None:
 def test_pipeline_model_choosing_none_runs_nothing() -> None:
     fakes = Fakes()
 
-    async def none(unit: str, facts: Facts) -> Decision:
-        return Decision(tool="none", reason="answer '...'")
+    async def none(unit: str, findings: list[str], cause: str, journal: list[str],
+                   offered: list[Plan]) -> Plan:
+        return Plan(reason="answer '...'")
 
     incident = run(fakes.phases(decide=none))
     assert fakes.calls == ["context", "lease", "release"]
     assert incident.decided_by == "model" and incident.result == "left_alone"
     assert outcomes(incident)["execute"] == "skipped"
-    assert incident.phases[3].detail == "the model chose no action"
+    assert incident.phases[3].detail == "the model chose no plan"
 
 
 def test_pipeline_decide_detail_carries_the_answer() -> None:
     fakes = Fakes()
 
-    async def chosen(unit: str, facts: Facts) -> Decision:
-        return Decision(tool="unit_restart", parameters={"unit": unit},
-                        reason="answer '{...}' (22 tokens; Chat 310 ms)")
+    async def chosen(unit: str, findings: list[str], cause: str, journal: list[str],
+                     offered: list[Plan]) -> Plan:
+        return Plan(steps=offered[0].steps, reason="answer '{...}' (22 tokens; Chat 310 ms)")
 
     incident = run(fakes.phases(decide=chosen))
     [decide] = [p for p in incident.phases if p.name == "decide"]
-    assert decide.detail.startswith('model chose {"parameters": {"unit": "a.service"}')
+    assert decide.detail.startswith("model chose unit_restart; answer")
     assert "Chat 310 ms" in decide.detail
 
 
@@ -228,13 +279,14 @@ def test_pipeline_budget_holds_against_a_phase_that_swallows_cancellation() -> N
     fakes = Fakes()
     elapsed: list[float] = []
 
-    async def stubborn(unit: str, facts: Facts) -> Decision:
+    async def stubborn(unit: str, findings: list[str], cause: str, journal: list[str],
+                       offered: list[Plan]) -> Plan:
         loop = asyncio.get_running_loop()
         end = loop.time() + 0.4
         while loop.time() < end:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0.005)
-        return Decision(tool="unit_restart", parameters={"unit": unit})
+        return offered[0]
 
     async def scenario() -> IncidentRecord:
         loop = asyncio.get_running_loop()

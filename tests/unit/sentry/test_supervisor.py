@@ -4,8 +4,8 @@ from typing import Any
 
 from syntrop.sentry.breaker import SECOND, Policy
 from syntrop.sentry.config import Config, parse
+from syntrop.sentry.findings import Plan
 from syntrop.sentry.pipeline import Executed, Facts, Phases
-from syntrop.sentry.rules import Decision
 from syntrop.sentry.store import Store
 from syntrop.sentry.supervisor import Signal, Supervisor
 
@@ -27,18 +27,22 @@ def phases(executed: list[str]) -> Phases:
     async def fail(*_: object) -> Any:
         raise ConnectionRefusedError
 
-    async def execute(decision: Decision) -> Executed:
-        executed.append(decision.tool)
+    async def execute(unit: str, plan: Plan) -> Executed:
+        executed.append(plan.describe())
         return Executed(outcome="succeeded")
 
-    async def verify(unit: str) -> bool:
+    async def verify(unit: str, hold_usec: int) -> bool:
         return False  # a crash loop: never healthy
 
     return Phases(context=context, lease=fail, decide=fail, execute=execute, verify=verify,
                   release=fail)
 
 
-def test_supervisor_crash_loop_stops_at_cap_and_persists(tmp_path: Path) -> None:
+def test_supervisor_crash_loop_gets_one_restart_then_a_human_and_persists(
+        tmp_path: Path) -> None:
+    """Nothing changed and the restart did not hold: the next failure is a
+    crash loop, a cause no tool removes, so the unit goes to a human at once
+    rather than spending the breaker's cap on more restarts."""
     executed: list[str] = []
     clock = Clock()
     config = Config(policy=Policy(cap=3, base_usec=10 * SECOND, max_usec=60 * SECOND))
@@ -55,8 +59,8 @@ def test_supervisor_crash_loop_stops_at_cap_and_persists(tmp_path: Path) -> None
         return results
 
     results = asyncio.run(scenario())
-    assert executed == ["unit_restart"] * 3
-    assert results == ["failed"] * 3 + ["breaker_open"] * 5
+    assert executed == ["unit_restart"]
+    assert results == ["failed", "needs_human"] + ["breaker_open"] * 6
 
     async def reopened() -> tuple[bool, int]:
         store = Store(tmp_path / "s.sqlite")
@@ -117,7 +121,8 @@ def test_config_watch_syntrop_unignores_own_units() -> None:
     assert not parse({"watch_syntrop": True}).ignored("toold.service")
 
 
-def test_supervisor_retries_after_backoff_until_cap(tmp_path: Path) -> None:
+def test_supervisor_retries_after_backoff_once_then_leaves_it_to_a_human(
+        tmp_path: Path) -> None:
     from syntrop.sentry.pipeline import wall_clock_usec
 
     executed: list[str] = []
@@ -135,10 +140,102 @@ def test_supervisor_retries_after_backoff_until_cap(tmp_path: Path) -> None:
                                 detected_usec=wall_clock_usec()))
         await asyncio.sleep(0.5)
         await supervisor.close()
-        triggers = [i.trigger for i in await store.incidents(limit=10)]
-        assert (await store.breaker("a.service")).attempts == 2
+        incidents = await store.incidents(limit=10)
+        breaker = await store.breaker("a.service")
+        assert breaker.attempts == 1 and breaker.needs_human  # the crash loop ran nothing
+        assert [i.result for i in incidents] == ["failed", "needs_human"]
         store.close()
-        return triggers
+        return [i.trigger for i in incidents]
 
     assert asyncio.run(scenario()) == ["state_failed", "backoff_retry"]
-    assert executed == ["unit_restart", "unit_restart"]
+    assert executed == ["unit_restart"]
+
+
+def test_a_protected_unit_gets_an_incident_and_nothing_else(tmp_path: Path) -> None:
+    executed: list[str] = []
+
+    async def scenario() -> tuple[str, str, int]:
+        store = Store(tmp_path / "s.sqlite")
+        supervisor = Supervisor(store, phases(executed), parse({"protected": ["db-*.service"]}),
+                                Clock())
+        incident = await supervisor.triage("db-main.service", "job_failed", T0)
+        journald = await supervisor.triage("systemd-journald.service", "job_failed", T0)
+        attempts = (await store.breaker("db-main.service")).attempts
+        store.close()
+        assert journald.result == "protected"
+        return incident.result, incident.summary, attempts
+
+    result, summary, attempts = asyncio.run(scenario())
+    assert result == "protected" and summary.endswith("protected: no action")
+    assert executed == [] and attempts == 0
+
+
+def test_an_incident_left_in_progress_is_closed_as_interrupted(tmp_path: Path) -> None:
+    from syntrop.sentry.pipeline import IncidentRecord
+
+    async def scenario() -> tuple[int, str, str]:
+        store = Store(tmp_path / "s.sqlite")
+        await store.put_incident(IncidentRecord(
+            id="x", unit="a.service", detected_usec=T0, trigger="job_failed", decision=None,
+            decided_by=None, result="in_progress", phases=[], summary="in progress"))
+        closed = await store.interrupted()
+        record = await store.incident("x")
+        store.close()
+        assert record is not None
+        return closed, record.result, record.summary
+
+    closed, result, summary = asyncio.run(scenario())
+    assert (closed, result) == (1, "interrupted") and "stopped while triaging" in summary
+
+
+def test_a_unit_waiting_for_its_dependency_is_started_once_that_heals(
+        tmp_path: Path) -> None:
+    """b.service's start failed with job result `dependency` (a.service
+    failed): its incident waits, a.service is triaged, and when that heals
+    b.service's lost start is retried (trigger dependency_healed)."""
+    from syntrop.sentry.findings import UnitFacts
+
+    executed: list[str] = []
+    failed = {"a.service"}
+
+    async def context(unit: str, failure: int) -> Facts:
+        deps = ("a.service",) if unit == "b.service" else ()
+        return Facts(failure_usec=failure, unit=UnitFacts(
+            unit=unit, requires=deps, failed_dependencies=tuple(d for d in deps if d in failed)))
+
+    async def execute(unit: str, plan: Plan) -> Executed:
+        executed.append(f"{plan.describe()} {unit}")
+        failed.discard(unit)
+        return Executed(outcome="succeeded")
+
+    async def verify(unit: str, hold_usec: int) -> bool:
+        return True
+
+    async def fail(*_: object) -> Any:
+        raise ConnectionRefusedError
+
+    async def start_lost(unit: str) -> bool:
+        return True
+
+    async def scenario() -> list[tuple[str, str, str]]:
+        store = Store(tmp_path / "s.sqlite")
+        supervisor = Supervisor(
+            store, Phases(context=context, lease=fail, decide=fail, execute=execute,
+                          verify=verify, release=fail),
+            Config(), Clock(), start_lost=start_lost)
+        supervisor.start()
+        supervisor.offer(Signal(unit="b.service", trigger="job_dependency", detected_usec=T0))
+        for _ in range(300):
+            if len(executed) >= 2 and not supervisor.pending:
+                break
+            await asyncio.sleep(0.01)
+        await supervisor.close()
+        incidents = [(i.unit, i.trigger, i.result) for i in await store.incidents(limit=10)]
+        store.close()
+        return incidents
+
+    incidents = asyncio.run(scenario())
+    assert incidents == [("b.service", "job_dependency", "waiting"),
+                         ("a.service", "dependency_of", "healed"),
+                         ("b.service", "dependency_healed", "healed")]
+    assert executed == ["unit_restart a.service", "unit_restart b.service"]

@@ -1,0 +1,378 @@
+"""From evidence to a cause and a plan, as pure functions.
+
+The evidence is what contextd recorded (drop-in, unit-file and config-file
+changes, package upgrades with their conffile decisions, the journal slice)
+and what systemd says of the unit (its job result, NeedDaemonReload, how
+its main process ended, when it was last active, its directories and
+dependencies: `UnitFacts`, read by phases.py). `find()` turns them into
+typed findings, each marked *linked* when the evidence ties it to this
+failure:
+
+- a change is linked only when it came after the unit last ran well (its
+  ActiveEnterTimestamp), the unit has not run well with it since, and
+  something points at it: the start that failed began after it, the
+  unit died shortly after it, the journal names it, or the exit status
+  does. A recent change without such a link is reported, never undone;
+- a failed dependency takes precedence over everything of the unit's own:
+  systemd's `dependency` job result says the unit never got to run.
+
+`cause()` picks the finding that explains the failure (or `transient`:
+nothing linked), with whether syntrop's tools can fix it; `plan()` maps a
+cause to a short ordered plan over the tools toold lists, and
+`candidates()` gives the plans the model may choose from (the rules' plan,
+a plain restart where it is safe, or nothing). Causes out of the tools'
+reach (a config file a package or an admin changed, a missing binary, a
+crash loop without a change) get at most one restart.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SECOND = 1_000_000
+#: A change is linked when the unit died within this long after it.
+DIED_AFTER_USEC = 60 * SECOND
+#: Clock slack between the journal, contextd's watcher and systemd.
+SLACK_USEC = 1 * SECOND
+#: A unit that stayed active this long after a change ran well with it.
+RAN_WELL_USEC = 10 * SECOND
+#: How many steps a plan may have.
+MAX_STEPS = 4
+#: systemd's exit status when it could not execute the program (EXIT_EXEC).
+EXIT_EXEC = 203
+#: si_code values of ExecMainCode.
+CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
+
+# Finding kinds.
+DEPENDENCY = "dependency_failed"
+EXEC_MISSING = "executable_missing"
+STALE_DEFINITION = "stale_definition"
+DROPIN = "dropin_changed"
+STALE_CACHE = "stale_cache"
+STALE_STATE = "stale_state"
+CONFIG_REPLACED = "config_replaced"
+CONFIG_EDITED = "config_edited"
+UNIT_FILE = "unit_file_changed"
+CRASH_LOOP = "crash_loop"
+EXIT = "exit_status"
+TRANSIENT = "transient"
+
+#: Causes in order of precedence, and whether a plan of syntrop's tools
+#: can remove them.
+PRECEDENCE: tuple[tuple[str, bool], ...] = (
+    (DEPENDENCY, True),
+    # Before a missing program: the definition systemd runs may name one
+    # the unit file on disk no longer does.
+    (STALE_DEFINITION, True),
+    (EXEC_MISSING, False),
+    (DROPIN, True),
+    (STALE_CACHE, True),
+    (STALE_STATE, False),
+    (CONFIG_REPLACED, False),
+    (CONFIG_EDITED, False),
+    (UNIT_FILE, False),
+    (CRASH_LOOP, False),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Change:
+    """A change contextd reported: its kind (dropin, unit_file, config,
+    package, kernel), when, the path or package when there is one, its
+    action (modified, upgrade, conffile, gpu, ...) and contextd's one-line
+    summary."""
+
+    kind: str
+    timestamp_usec: int
+    path: str | None = None
+    unit: str | None = None
+    action: str | None = None
+    package: str | None = None
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitFacts:
+    """What systemd says of the failed unit, read when its triage starts.
+    Times are realtime microseconds (0: never)."""
+
+    unit: str
+    load_state: str = ""
+    active_state: str = ""
+    #: The service's Result: success, exit-code, signal, core-dump, timeout, …
+    result: str = ""
+    exec_main_code: int = 0
+    exec_main_status: int = 0
+    need_daemon_reload: bool = False
+    #: When it last became active (ran well), and when its last start began.
+    active_enter_usec: int = 0
+    inactive_exit_usec: int = 0
+    fragment_path: str = ""
+    drop_in_paths: tuple[str, ...] = ()
+    #: ExecStart= programs, and those of them that do not exist.
+    exec_paths: tuple[str, ...] = ()
+    missing_exec: tuple[str, ...] = ()
+    #: CacheDirectory=, StateDirectory=, RuntimeDirectory= as absolute paths.
+    cache_dirs: tuple[str, ...] = ()
+    state_dirs: tuple[str, ...] = ()
+    runtime_dirs: tuple[str, ...] = ()
+    #: Requires=, BindsTo=, Requisite=, and those of them that are failed now.
+    requires: tuple[str, ...] = ()
+    failed_dependencies: tuple[str, ...] = ()
+    n_restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """One fact about the failure. `subject` is the drop-in, file, unit or
+    program concerned; `linked` says the evidence ties it to the failure."""
+
+    kind: str
+    subject: str | None = None
+    package: str | None = None
+    at_usec: int | None = None
+    linked: bool = False
+    evidence: tuple[str, ...] = ()
+
+    def line(self, failure_usec: int) -> str:
+        """One line for the model and the incident."""
+        what = {
+            DEPENDENCY: f"dependency {self.subject} failed" if self.subject
+            else "a dependency failed (it is not failed now)",
+            EXEC_MISSING: f"program {self.subject} is missing",
+            STALE_DEFINITION: "systemd runs an old definition (the unit file changed on disk)",
+            DROPIN: f"drop-in {self.subject} changed",
+            STALE_CACHE: f"the journal names the cache {self.subject}",
+            STALE_STATE: f"the journal names the state directory {self.subject}",
+            CONFIG_REPLACED: f"config {self.subject} replaced by package {self.package}",
+            CONFIG_EDITED: f"config {self.subject} edited",
+            UNIT_FILE: f"unit file {self.subject} changed",
+            CRASH_LOOP: "it keeps failing with nothing changed",
+            EXIT: f"{self.subject}",
+        }.get(self.kind, self.kind)
+        if self.at_usec is not None:
+            seconds = (failure_usec - self.at_usec) / SECOND
+            what += (f" {seconds:.0f} s before the failure" if seconds >= 0
+                     else f" {-seconds:.0f} s after the failure")
+        return what + ("" if self.linked or self.kind == EXIT else " (not linked to it)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cause:
+    """What explains the failure, and whether syntrop's tools can fix it."""
+
+    kind: str
+    fixable: bool
+    summary: str
+    subject: str | None = None
+    package: str | None = None
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One Tool1 call of a plan."""
+
+    tool: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def wire(self) -> dict[str, Any]:
+        return {"tool": self.tool, "parameters": dict(self.parameters)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """Steps run in order, each only after the one before succeeded; none
+    is a decision to act no further."""
+
+    steps: tuple[Step, ...] = ()
+    reason: str = ""
+
+    def wire(self) -> list[dict[str, Any]]:
+        return [step.wire() for step in self.steps]
+
+    def describe(self) -> str:
+        return " → ".join(step.tool for step in self.steps) or "nothing"
+
+
+def _applies(change: Change, unit: str) -> bool:
+    if change.unit is None or change.unit == unit:
+        return True
+    stem, _, suffix = change.unit.rpartition(".")
+    return unit.endswith("." + suffix) and stem.endswith(("@", "-")) and unit.startswith(stem)
+
+
+def _mentions(journal: Sequence[str], path: str) -> list[str]:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return [line for line in journal if path in line or (len(name) > 3 and name in line)]
+
+
+def _linked_change(at: int, facts: UnitFacts, failure_usec: int, journal: Sequence[str],
+                   subject: str | None, *, read_at_run_time: bool
+                   ) -> tuple[bool, tuple[str, ...]]:
+    """Whether a change at `at` explains the failure, and why (see the
+    module). Drop-ins and unit files act when the unit starts; a config
+    file may also be read by a running unit (`read_at_run_time`), so dying
+    soon after it changed links it too."""
+    if at > failure_usec + SLACK_USEC:
+        return False, ()
+    ran_well = (facts.active_enter_usec > at + SLACK_USEC
+                and failure_usec - facts.active_enter_usec >= RAN_WELL_USEC)
+    if ran_well:
+        return False, ()  # the unit ran well with it since
+    why: list[str] = []
+    if facts.inactive_exit_usec and facts.inactive_exit_usec + SLACK_USEC >= at:
+        why.append("the start that failed began after it")
+    if read_at_run_time and failure_usec - at <= DIED_AFTER_USEC:
+        why.append(f"the unit failed {max(0, failure_usec - at) / SECOND:.0f} s after it")
+    if subject:
+        why += [f"journal: {line[:160]}" for line in _mentions(journal, subject)[:2]]
+    return bool(why), tuple(why)
+
+
+def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[str],
+         facts: UnitFacts, failure_usec: int, *, attempts: int = 0) -> list[Finding]:
+    """The findings of a failure; `attempts` counts sentry's earlier
+    remediations of this unit in the breaker's window."""
+    found: list[Finding] = []
+    if trigger in ("job_dependency", "dependency_healed") or facts.failed_dependencies:
+        failed = facts.failed_dependencies
+        evidence = {"job_dependency": ("systemd's job result: dependency",),
+                    "dependency_healed": ("the dependency it waited for is healed",)}
+        found.append(Finding(
+            kind=DEPENDENCY, subject=failed[0] if failed else None, linked=True,
+            evidence=evidence.get(trigger, ()) + tuple(f"{dep} is failed" for dep in failed)))
+        return found  # the unit never ran: nothing of its own is to blame
+    if facts.exec_main_code == CLD_EXITED and facts.exec_main_status:
+        found.append(Finding(kind=EXIT, subject=f"main process exited with status "
+                                                f"{facts.exec_main_status}"))
+    elif facts.exec_main_code in (CLD_KILLED, CLD_DUMPED):
+        found.append(Finding(kind=EXIT, subject=f"main process killed by signal "
+                                                f"{facts.exec_main_status}"))
+    if facts.missing_exec or (facts.exec_main_code == CLD_EXITED
+                              and facts.exec_main_status == EXIT_EXEC):
+        program = facts.missing_exec[0] if facts.missing_exec else \
+            (facts.exec_paths[0] if facts.exec_paths else None)
+        found.append(Finding(kind=EXEC_MISSING, subject=program, linked=True,
+                             evidence=tuple(f"{p} does not exist" for p in facts.missing_exec)
+                             or ("exit status 203 (systemd could not execute it)",)))
+    if facts.need_daemon_reload:
+        found.append(Finding(kind=STALE_DEFINITION, subject=facts.fragment_path or None,
+                             linked=True, evidence=("NeedDaemonReload=yes",)))
+    package_paths = {c.path: c for c in changes if c.kind == "package" and c.path}
+    for change in sorted(changes, key=lambda c: c.timestamp_usec, reverse=True):
+        if not _applies(change, unit):
+            continue
+        if change.kind == "dropin":
+            loaded = not facts.drop_in_paths or change.path in facts.drop_in_paths \
+                or change.action == "deleted"
+            linked, why = _linked_change(change.timestamp_usec, facts, failure_usec, journal,
+                                         change.path, read_at_run_time=False)
+            found.append(Finding(kind=DROPIN, subject=change.path, at_usec=change.timestamp_usec,
+                                 linked=linked and loaded, evidence=why))
+        elif change.kind == "config" and change.path:
+            linked, why = _linked_change(change.timestamp_usec, facts, failure_usec, journal,
+                                         change.path, read_at_run_time=True)
+            by = package_paths.get(change.path)
+            if by is not None and abs(by.timestamp_usec - change.timestamp_usec) <= \
+                    DIED_AFTER_USEC:
+                found.append(Finding(kind=CONFIG_REPLACED, subject=change.path,
+                                     package=by.package, at_usec=change.timestamp_usec,
+                                     linked=linked, evidence=why))
+            else:
+                found.append(Finding(kind=CONFIG_EDITED, subject=change.path,
+                                     at_usec=change.timestamp_usec, linked=linked,
+                                     evidence=why))
+        elif change.kind == "unit_file" and change.path and not facts.need_daemon_reload:
+            linked, why = _linked_change(change.timestamp_usec, facts, failure_usec, journal,
+                                         change.path, read_at_run_time=False)
+            found.append(Finding(kind=UNIT_FILE, subject=change.path,
+                                 at_usec=change.timestamp_usec, linked=linked, evidence=why))
+    for kind, directories in ((STALE_CACHE, facts.cache_dirs), (STALE_STATE, facts.state_dirs)):
+        for directory in directories:
+            named = [line for line in journal if directory.rstrip("/") + "/" in line
+                     or line.rstrip().endswith(directory.rstrip("/"))]
+            if named:
+                found.append(Finding(kind=kind, subject=directory, linked=True,
+                                     evidence=tuple(f"journal: {line[:160]}"
+                                                    for line in named[:2])))
+    if attempts and not any(f.linked for f in found):
+        found.append(Finding(kind=CRASH_LOOP, linked=True,
+                             evidence=(f"{attempts} earlier remediations in the window",)))
+    return found
+
+
+def cause(findings: Sequence[Finding], failure_usec: int) -> Cause:
+    """The finding that explains the failure, by precedence; `transient`
+    when nothing is linked (unlinked changes are in the evidence)."""
+    for kind, fixable in PRECEDENCE:
+        for finding in findings:
+            if finding.kind == kind and finding.linked:
+                return Cause(kind=kind, fixable=fixable, subject=finding.subject,
+                             package=finding.package, summary=finding.line(failure_usec),
+                             evidence=finding.evidence)
+    unlinked = [f.line(failure_usec) for f in findings if not f.linked and f.kind != EXIT]
+    exits = [f.line(failure_usec) for f in findings if f.kind == EXIT]
+    return Cause(kind=TRANSIENT, fixable=True,
+                 summary="no change explains it" + (f" ({exits[0]})" if exits else ""),
+                 evidence=tuple(unlinked))
+
+
+def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
+         *, restarted: bool = False) -> Plan:
+    """The rules' plan for a cause. `restarted`: sentry already acted on the
+    unit in the breaker's window, so a cause its tools cannot fix gets no
+    second restart."""
+    have = set(tools)
+
+    def steps(*wanted: Step) -> tuple[Step, ...]:
+        return wanted if all(step.tool in have for step in wanted) else ()
+
+    restart = Step(tool="unit_restart", parameters={"unit": unit})
+    if cause.kind == DEPENDENCY:
+        if facts.failed_dependencies:
+            return Plan(reason=f"wait for {cause.subject}: sentry triages it, then retries "
+                               f"{unit}'s start")
+        return Plan(steps=steps(restart), reason="the dependency is back: retry the lost start")
+    if cause.kind == STALE_DEFINITION:
+        found = steps(Step(tool="daemon_reload"), restart)
+        return Plan(steps=found, reason="systemd runs an old definition: reload, then restart")
+    if cause.kind == DROPIN:
+        scope = "runtime" if (cause.subject or "").startswith("/run/") else "persistent"
+        return Plan(steps=steps(Step(tool="revert_dropin",
+                                     parameters={"unit": unit, "scope": scope})),
+                    reason=f"undo the drop-in change that broke it ({cause.subject})")
+    if cause.kind == STALE_CACHE:
+        return Plan(steps=steps(Step(tool="clear_cache", parameters={"unit": unit}), restart),
+                    reason=f"clear the cache the journal names ({cause.subject}), then restart")
+    if cause.kind == TRANSIENT:
+        return Plan(steps=steps(restart), reason="nothing explains it: restart")
+    if cause.kind in (EXEC_MISSING, CRASH_LOOP) or restarted:
+        return Plan(reason=f"{cause.summary}: no tool can fix it; a human must")
+    return Plan(steps=steps(restart),
+                reason=f"{cause.summary}: no tool can undo it; one restart, then a human")
+
+
+def candidates(rules: Plan, unit: str, tools: Iterable[str], cause: Cause) -> list[Plan]:
+    """The plans the model may choose from: the rules' plan, a plain restart
+    where the cause allows one, and nothing."""
+    found = [rules] if rules.steps else []
+    restart = Plan(steps=(Step(tool="unit_restart", parameters={"unit": unit}),),
+                   reason="restart")
+    waiting = cause.kind == DEPENDENCY and not rules.steps
+    if "unit_restart" in set(tools) and rules.steps != restart.steps and not waiting \
+            and cause.kind not in (EXEC_MISSING, CRASH_LOOP):
+        found.append(restart)
+    found.append(Plan(reason="no action"))
+    return found
+
+
+def verify_hold_usec(facts: UnitFacts, failure_usec: int, minimum_usec: int,
+                     maximum_usec: int) -> int:
+    """How long a unit must stay active to count as healed: at least
+    `minimum_usec`, and more than twice how long it ran before this failure
+    (a unit that dies a second after each start is not healed by a check
+    one second long)."""
+    ran = failure_usec - facts.active_enter_usec if facts.active_enter_usec else 0
+    wanted = max(minimum_usec, 2 * ran + SECOND) if ran > 0 else minimum_usec
+    return min(wanted, maximum_usec)
