@@ -81,8 +81,11 @@ def _version(value: str) -> str | None:
 def parse_dpkg(text: str, to_usec: LocalTime = local_time) -> Parsed:
     """dpkg.log lines: install / upgrade / remove / purge / conffile become
     records; status, configure, trigproc and startup lines are known and
-    ignored; anything else is skipped."""
+    ignored; anything else is skipped. dpkg writes a package's conffile
+    decisions while configuring it, after its `configure` line: that names
+    the package a conffile record belongs to."""
     parsed = Parsed([])
+    configuring: tuple[str, str | None] | None = None
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -96,6 +99,10 @@ def parse_dpkg(text: str, to_usec: LocalTime = local_time) -> Parsed:
         if usec is None:
             parsed.skipped += 1
         elif verb in _DPKG_QUIET:
+            if verb == "configure" and words:
+                configuring = _split_package(words[0])
+            elif verb == "startup":
+                configuring = None
             continue
         elif verb in ("install", "upgrade", "remove", "purge") and len(words) == 3:
             name, arch = _split_package(words[0])
@@ -111,9 +118,11 @@ def parse_dpkg(text: str, to_usec: LocalTime = local_time) -> Parsed:
             path, decision = words
             what = ("installed the package's version" if decision == "install"
                     else "kept the local one")
+            owner, owner_arch = configuring if configuring is not None else (None, None)
+            of = f" of {owner}" if owner else ""
             parsed.records.append(PackageRecord(
-                timestamp_usec=usec, action="conffile", package=None, path=path,
-                decision=decision, summary=f"dpkg conffile {path}: {what}"))
+                timestamp_usec=usec, action="conffile", package=owner, arch=owner_arch, path=path,
+                decision=decision, summary=f"dpkg conffile {path}{of}: {what}"))
         else:
             parsed.skipped += 1
     return parsed

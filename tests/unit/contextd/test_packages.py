@@ -13,10 +13,15 @@ DPKG = """\
 2024-01-15 10:23:45 install nginx:amd64 <none> 1.22.1-9
 2024-01-15 10:23:45 status half-installed nginx:amd64 1.22.1-9
 2024-01-15 10:23:46 upgrade libc6:amd64 2.36-9 2.36-9+deb12u1
+2024-01-15 10:23:46 startup packages configure
+2024-01-15 10:23:46 configure nginx:amd64 1.22.1-9 <none>
+2024-01-15 10:23:46 status unpacked nginx:amd64 1.22.1-9
 2024-01-15 10:23:46 conffile /etc/nginx/nginx.conf keep
 2024-01-15 10:23:47 conffile /etc/default/foo install
-2024-01-15 10:23:47 configure nginx:amd64 1.22.1-9 <none>
+2024-01-15 10:23:47 status installed nginx:amd64 1.22.1-9
 2024-01-15 10:23:47 trigproc man-db:amd64 2.11.2-2 <none>
+2024-01-15 10:23:47 startup archives unpack
+2024-01-15 10:23:47 conffile /etc/orphan.conf keep
 2024-01-15 10:23:48 remove foo:amd64 1.0 <none>
 2024-01-15 10:23:48 purge foo:all 1.0 <none>
 2024-01-15 10:23:49 upgrade bar:amd64 2.0 2.0
@@ -31,15 +36,18 @@ def test_dpkg_records_each_decision() -> None:
     assert got == [
         ("install", "nginx", "amd64", None, "1.22.1-9", None),
         ("upgrade", "libc6", "amd64", "2.36-9", "2.36-9+deb12u1", None),
-        ("conffile", None, None, None, None, "/etc/nginx/nginx.conf"),
-        ("conffile", None, None, None, None, "/etc/default/foo"),
+        ("conffile", "nginx", "amd64", None, None, "/etc/nginx/nginx.conf"),
+        ("conffile", "nginx", "amd64", None, None, "/etc/default/foo"),
+        ("conffile", None, None, None, None, "/etc/orphan.conf"),
         ("remove", "foo", "amd64", "1.0", None, None),
         ("purge", "foo", "all", "1.0", None, None),
         ("reinstall", "bar", "amd64", "2.0", "2.0", None),
     ]
     assert parsed.records[0].timestamp_usec == 1705314225 * 1_000_000
     assert parsed.records[1].summary == "package libc6 upgraded 2.36-9 → 2.36-9+deb12u1"
-    assert "kept the local one" in parsed.records[2].summary
+    # A conffile decision belongs to the package dpkg is configuring.
+    assert parsed.records[2].summary == "dpkg conffile /etc/nginx/nginx.conf of nginx: " \
+        "kept the local one"
     assert "installed the package's version" in parsed.records[3].summary
 
 
