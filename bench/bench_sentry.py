@@ -172,7 +172,8 @@ async def live(rounds: int) -> dict[str, list[float]]:
     cause = findings.cause(found, facts.failure_usec)
     rules_plan = findings.plan(cause, "bench.service", facts.tools,
                                UnitFacts(unit="bench.service"))
-    offered = findings.candidates(rules_plan, "bench.service", facts.tools, cause)
+    offered = findings.candidates(found, rules_plan, cause, "bench.service", facts.tools,
+                                  UnitFacts(unit="bench.service"), facts.failure_usec)
     evidence = decide.Evidence(unit="bench.service", cause=cause.summary, journal=facts.journal,
                                findings=[f.line(facts.failure_usec) for f in found])
     for index in range(rounds + 1):  # the first round warms everything up
@@ -216,6 +217,21 @@ SCENARIOS: tuple[tuple[str, str, tuple[Change, ...], tuple[str, ...], UnitFacts]
     ("bad drop-in", "job_failed",
      (Change(kind="dropin", timestamp_usec=-10 * S, unit="app.service", path=_DROPIN),),
      ("app: bad option",), replace(_RESTARTED, drop_in_paths=(_DROPIN,))),
+    # As in the system tier: a unit installed and started, a bad drop-in,
+    # a restart: its new unit file is linked too, and systemd's lines.
+    ("bad drop-in on a new unit", "state_failed",
+     (Change(kind="unit_file", timestamp_usec=-3 * S, unit="app.service",
+             path="/etc/systemd/system/app.service"),
+      Change(kind="dropin", timestamp_usec=-2 * S, unit="app.service", path=_DROPIN)),
+     ("Started app.service - app.",
+      "app.service: Main process exited, code=exited, status=3/NOTIMPLEMENTED",
+      "app.service: Failed with result 'exit-code'."),
+     UnitFacts(unit="app.service", active_enter_usec=-S // 2, inactive_exit_usec=-S // 2,
+               drop_in_paths=(_DROPIN,), exec_main_code=1, exec_main_status=3)),
+    ("a bad drop-in and a cache named", "job_failed",
+     (Change(kind="dropin", timestamp_usec=-10 * S, unit="app.service", path=_DROPIN),),
+     ("app: corrupt index /var/cache/app/index.db",),
+     replace(_RESTARTED, drop_in_paths=(_DROPIN,), cache_dirs=("/var/cache/app",))),
     ("stale definition", "job_failed", (), (),
      UnitFacts(unit="app.service", need_daemon_reload=True, exec_main_code=1,
                exec_main_status=203)),
@@ -253,7 +269,8 @@ async def plans(rounds: int) -> list[tuple[str, str, int, int, list[float], floa
         found = findings.find("app.service", trigger, moved, list(journal), facts, failure)
         cause = findings.cause(found, failure)
         rules_plan = findings.plan(cause, "app.service", tools, facts)
-        offered = findings.candidates(rules_plan, "app.service", tools, cause)
+        offered = findings.candidates(found, rules_plan, cause, "app.service", tools, facts,
+                                      failure)
         lines = [f.line(failure) for f in found]
         agreed, times = 0, []
         started = time.perf_counter()  # the first: this offer's examples not yet evaluated

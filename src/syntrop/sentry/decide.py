@@ -4,7 +4,7 @@ a JSON schema, and the strict reading of the answer.
 The model sees what the rules see: the unit, the findings one line each
 (times relative to the failure, unlinked changes marked so), the cause the
 rules named, and the plans it may choose from (findings.candidates: the
-rules' plan, a plain restart where the cause allows one, nothing). Each
+rules' plan, the plans of the other linked findings, nothing). Each
 plan is written out as the tool calls it makes, with toold's declared
 parameters. The answer must be exactly one JSON object {"plan": [steps]}
 equal to one of the offered plans: anything else is rejected and the rules'
@@ -20,6 +20,7 @@ the failure, all in the compact JSON the constrained answer is written in.
 """
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,13 @@ SEED = 7
 #: Lines of findings and of journal given to the model.
 MAX_FINDINGS = 8
 MAX_JOURNAL = 3
+#: systemd's own lines about the job and the main process: the findings say
+#: the same (exit status, the failure), and measured, they pull SmolLM2
+#: towards a plain restart (bench_sentry --plans: a bad drop-in on a new
+#: unit, 0/3 with them, 3/3 without). The unit's own lines stay.
+SYSTEMD_LINES = re.compile(
+    r"\b(Starting|Started|Stopping|Stopped|Deactivated successfully|Consumed|Main process "
+    r"exited|Failed with result|Failed to start|Scheduled restart job|Start request repeated)\b")
 
 SYSTEM = ("You are systemd-sentry. A systemd unit failed. Choose one of the offered plans "
           'and answer with one JSON object: {"plan": [STEP, ...]}, each STEP '
@@ -61,14 +69,12 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
              "drop-in /etc/systemd/system/web.service.d/override.conf changed 4 s before the "
              "failure",
              [[{"tool": "revert_dropin", "parameters": {"unit": "web.service",
-                                                        "scope": "persistent"}}],
-              _restart("web.service"), []], 0),
+                                                        "scope": "persistent"}}], []], 0),
     _example("api.service",
              "systemd runs an old definition (the unit file changed on disk); program "
              "/usr/bin/api-old is missing",
              "systemd runs an old definition (the unit file changed on disk)",
-             [[{"tool": "daemon_reload", "parameters": {}}, *_restart("api.service")],
-              _restart("api.service"), []], 0),
+             [[{"tool": "daemon_reload", "parameters": {}}, *_restart("api.service")], []], 0),
     _example("db.service",
              "main process exited with status 1; drop-in /etc/systemd/system/db.service.d/"
              "10-log.conf changed 900 s before the failure (not linked to it)",
@@ -79,7 +85,7 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
              "status 1",
              "the journal names the cache /var/cache/cache-web",
              [[{"tool": "clear_cache", "parameters": {"unit": "cache.service"}},
-               *_restart("cache.service")], _restart("cache.service"), []], 0),
+               *_restart("cache.service")], []], 0),
 )
 
 
@@ -129,7 +135,8 @@ def messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
     for question, answer in sorted(EXAMPLES, key=lambda e: _closeness(e, offered)):
         chat += [("user", question), ("assistant", answer)]
     findings = evidence.findings[:MAX_FINDINGS] or ["nothing changed before the failure"]
-    findings += [f"journal: {line[:160]}" for line in evidence.journal[-MAX_JOURNAL:]]
+    own = [line for line in evidence.journal if not SYSTEMD_LINES.search(line)]
+    findings += [f"journal: {line[:160]}" for line in own[-MAX_JOURNAL:]]
     plans = "\n".join(f"{n}. {plan_text(plan)}" for n, plan in enumerate(offered, 1))
     chat.append(("user", f"unit: {evidence.unit}\nfindings: {'; '.join(findings)}\n"
                          f"cause: {evidence.cause}\nplans:\n{plans}"))

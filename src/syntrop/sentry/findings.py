@@ -20,7 +20,8 @@ failure:
 nothing linked), with whether syntrop's tools can fix it; `plan()` maps a
 cause to a short ordered plan over the tools toold lists, and
 `candidates()` gives the plans the model may choose from (the rules' plan,
-a plain restart where it is safe, or nothing). Causes out of the tools'
+the plans of the other linked findings, a plain restart where no fixable
+cause is linked, or nothing). Causes out of the tools'
 reach (a config file a package or an admin changed, a missing binary, a
 crash loop without a change) get at most one restart.
 """
@@ -119,7 +120,15 @@ class UnitFacts:
     #: Requires=, BindsTo=, Requisite=, and those of them that are failed now.
     requires: tuple[str, ...] = ()
     failed_dependencies: tuple[str, ...] = ()
+    #: When each of `requires` not failed now last went down (its
+    #: InactiveEnterTimestamp): one healed since is still the cause.
+    dependencies_down: tuple[tuple[str, int], ...] = ()
     n_restarts: int = 0
+    #: When the latest run known to have lasted RAN_WELL_USEC began (0:
+    #: none). systemd shows only the current run; sentry remembers the one
+    #: before its own restart, which a failure of that restart must not
+    #: forget (a drop-in the unit ran well with stays unlinked).
+    ran_well_usec: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +147,7 @@ class Finding:
         """One line for the model and the incident."""
         what = {
             DEPENDENCY: f"dependency {self.subject} failed" if self.subject
-            else "a dependency failed (it is not failed now)",
+            else "a dependency failed (none is failed now)",
             EXEC_MISSING: f"program {self.subject} is missing",
             STALE_DEFINITION: "systemd runs an old definition (the unit file changed on disk)",
             DROPIN: f"drop-in {self.subject} changed",
@@ -207,6 +216,31 @@ def _mentions(journal: Sequence[str], path: str) -> list[str]:
     return [line for line in journal if path in line or (len(name) > 3 and name in line)]
 
 
+def _replaced_by(change: Change, conffiles: dict[str | None, Change],
+                 installed: Sequence[Change]) -> tuple[str | None, str] | None:
+    """Whether a package replaced this config file, which, and why we say
+    so: dpkg's conffile line for it, or (dpkg logs one only when it asks;
+    an untouched conffile it replaces silently) an install or upgrade of a
+    package contextd relates to the unit, just before the change."""
+    conffile = conffiles.get(change.path)
+    if conffile is not None and abs(conffile.timestamp_usec - change.timestamp_usec) \
+            <= DIED_AFTER_USEC:
+        package = conffile.package or _nearest_package(installed, conffile.timestamp_usec)
+        return package, conffile.summary
+    package = _nearest_package(installed, change.timestamp_usec)
+    if package is None:
+        return None
+    return package, f"changed during the install or upgrade of {package}"
+
+
+def _nearest_package(installed: Sequence[Change], at: int) -> str | None:
+    """The package installed or upgraded last before `at` (within a minute;
+    package logs have whole seconds)."""
+    before = [c for c in installed if c.action in ("install", "upgrade", "downgrade", "reinstall")
+              and at - DIED_AFTER_USEC <= c.timestamp_usec <= at + SLACK_USEC]
+    return max(before, key=lambda c: c.timestamp_usec).package if before else None
+
+
 def _linked_change(at: int, facts: UnitFacts, failure_usec: int, journal: Sequence[str],
                    subject: str | None, *, read_at_run_time: bool
                    ) -> tuple[bool, tuple[str, ...]]:
@@ -216,8 +250,13 @@ def _linked_change(at: int, facts: UnitFacts, failure_usec: int, journal: Sequen
     soon after it changed links it too."""
     if at > failure_usec + SLACK_USEC:
         return False, ()
-    ran_well = (facts.active_enter_usec > at + SLACK_USEC
-                and failure_usec - facts.active_enter_usec >= RAN_WELL_USEC)
+    # Active since about the change or later, and for a while: it ran well
+    # with it. (Within the slack either way counts: a change seen just
+    # after the start may not have applied to it, but then the next start
+    # applies it, and a failure of that start is linked.)
+    ran_well = (facts.active_enter_usec + SLACK_USEC >= at
+                and failure_usec - facts.active_enter_usec >= RAN_WELL_USEC) \
+        or (facts.ran_well_usec > 0 and facts.ran_well_usec + SLACK_USEC >= at)
     if ran_well:
         return False, ()  # the unit ran well with it since
     why: list[str] = []
@@ -239,9 +278,18 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
         failed = facts.failed_dependencies
         evidence = {"job_dependency": ("systemd's job result: dependency",),
                     "dependency_healed": ("the dependency it waited for is healed",)}
+        # Not failed now: the one that went down last, around this failure
+        # (sentry may have healed it while this unit's signal queued).
+        recent = sorted(((at, dep) for dep, at in facts.dependencies_down
+                         if at and failure_usec - DIED_AFTER_USEC <= at
+                         <= failure_usec + SLACK_USEC), reverse=True)
+        subject = failed[0] if failed else (recent[0][1] if recent else None)
         found.append(Finding(
-            kind=DEPENDENCY, subject=failed[0] if failed else None, linked=True,
-            evidence=evidence.get(trigger, ()) + tuple(f"{dep} is failed" for dep in failed)))
+            kind=DEPENDENCY, subject=subject, linked=True,
+            evidence=evidence.get(trigger, ()) + tuple(f"{dep} is failed" for dep in failed)
+            + tuple(f"{dep} went down {abs(failure_usec - at) / SECOND:.0f} s "
+                    f"{'before' if at <= failure_usec else 'after'} it, is back now"
+                    for at, dep in recent[:1] if not failed)))
         return found  # the unit never ran: nothing of its own is to blame
     if facts.exec_main_code == CLD_EXITED and facts.exec_main_status:
         found.append(Finding(kind=EXIT, subject=f"main process exited with status "
@@ -259,7 +307,11 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
     if facts.need_daemon_reload:
         found.append(Finding(kind=STALE_DEFINITION, subject=facts.fragment_path or None,
                              linked=True, evidence=("NeedDaemonReload=yes",)))
-    package_paths = {c.path: c for c in changes if c.kind == "package" and c.path}
+    # dpkg's conffile decisions name the file (and the package contextd
+    # saw it configuring); installs and upgrades name only the package.
+    package_paths: dict[str | None, Change] = {
+        c.path: c for c in changes if c.kind == "package" and c.path}
+    installed = [c for c in changes if c.kind == "package" and c.package and not c.path]
     for change in sorted(changes, key=lambda c: c.timestamp_usec, reverse=True):
         if not _applies(change, unit):
             continue
@@ -273,12 +325,12 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
         elif change.kind == "config" and change.path:
             linked, why = _linked_change(change.timestamp_usec, facts, failure_usec, journal,
                                          change.path, read_at_run_time=True)
-            by = package_paths.get(change.path)
-            if by is not None and abs(by.timestamp_usec - change.timestamp_usec) <= \
-                    DIED_AFTER_USEC:
+            replaced = _replaced_by(change, package_paths, installed)
+            if replaced is not None:
+                package, because = replaced
                 found.append(Finding(kind=CONFIG_REPLACED, subject=change.path,
-                                     package=by.package, at_usec=change.timestamp_usec,
-                                     linked=linked, evidence=why))
+                                     package=package, at_usec=change.timestamp_usec,
+                                     linked=linked, evidence=(*why, because)))
             else:
                 found.append(Finding(kind=CONFIG_EDITED, subject=change.path,
                                      at_usec=change.timestamp_usec, linked=linked,
@@ -353,18 +405,34 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
                 reason=f"{cause.summary}: no tool can undo it; one restart, then a human")
 
 
-def candidates(rules: Plan, unit: str, tools: Iterable[str], cause: Cause) -> list[Plan]:
-    """The plans the model may choose from: the rules' plan, a plain restart
-    where the cause allows one, and nothing."""
-    found = [rules] if rules.steps else []
-    restart = Plan(steps=(Step(tool="unit_restart", parameters={"unit": unit}),),
-                   reason="restart")
-    waiting = cause.kind == DEPENDENCY and not rules.steps
-    if "unit_restart" in set(tools) and rules.steps != restart.steps and not waiting \
-            and cause.kind not in (EXEC_MISSING, CRASH_LOOP):
-        found.append(restart)
-    found.append(Plan(reason="no action"))
-    return found
+def candidates(found: Sequence[Finding], rules: Plan, cause: Cause, unit: str,
+               tools: Iterable[str], facts: UnitFacts, failure_usec: int) -> list[Plan]:
+    """The plans the model may choose from: the rules' plan first, the plan
+    of every other linked finding a tool can fix (a drop-in and a cache
+    both linked: either may be the one), and nothing. No plain restart
+    beside a fixable cause: after a start that failed following a bad
+    drop-in, a restart only repeats it (measured, SmolLM2 took that futile
+    offer on about half of such failures). Every plan offered is one the
+    rules would run for some reading of the evidence, within their limits."""
+    tools = tuple(tools)
+    offered = [rules] if rules.steps else []
+    fixable = {kind for kind, can in PRECEDENCE if can} - {DEPENDENCY}
+    for finding in found:
+        if finding.linked and finding.kind in fixable and finding.kind != cause.kind:
+            other = plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,
+                               summary=finding.line(failure_usec)), unit, tools, facts)
+            if other.steps and all(other.steps != p.steps for p in offered):
+                offered.append(other)
+    offered.append(Plan(reason="no action"))
+    return offered
+
+
+def ran_well_since(facts: UnitFacts, failure_usec: int) -> int:
+    """The start of the latest run known to have gone well: this one, if it
+    lasted RAN_WELL_USEC before failing, else the one remembered."""
+    if facts.active_enter_usec and failure_usec - facts.active_enter_usec >= RAN_WELL_USEC:
+        return max(facts.active_enter_usec, facts.ran_well_usec)
+    return facts.ran_well_usec
 
 
 def verify_hold_usec(facts: UnitFacts, failure_usec: int, minimum_usec: int,

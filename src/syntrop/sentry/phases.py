@@ -118,13 +118,16 @@ class Live:
             str(name) for key in ("Requires", "BindsTo", "Requisite")
             for name in props.get(key, ()) or ()))
 
-        async def failed(dependency: str) -> bool:
+        async def state(dependency: str) -> tuple[bool, int]:
+            """Whether it is failed, and when it last went down."""
             try:
-                return (await systemd.unit_state(dependency)).active_state == "failed"
+                dep = await systemd.unit_properties(dependency)
             except Exception:  # an unloadable dependency is not a failed one
-                return False
+                return False, 0
+            return (str(dep.get("ActiveState", "")) == "failed",
+                    int(dep.get("InactiveEnterTimestamp", 0) or 0))
 
-        states = await asyncio.gather(*(failed(d) for d in requires))
+        states = await asyncio.gather(*(state(d) for d in requires))
         programs = tuple(str(entry[0]) for entry in props.get("ExecStart", ()) or ()
                          if entry and entry[0])
 
@@ -147,7 +150,10 @@ class Live:
             state_dirs=directories("StateDirectory", "/var/lib"),
             runtime_dirs=directories("RuntimeDirectory", "/run"),
             requires=requires,
-            failed_dependencies=tuple(d for d, bad in zip(requires, states, strict=True) if bad),
+            failed_dependencies=tuple(d for d, (bad, _) in zip(requires, states, strict=True)
+                                      if bad),
+            dependencies_down=tuple((d, at) for d, (bad, at) in
+                                    zip(requires, states, strict=True) if not bad),
             n_restarts=int(props.get("NRestarts", 0) or 0))
 
     async def gang(self, unit: str, facts: Facts) -> str:

@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from syntrop.sentry import findings as rules
@@ -145,6 +145,9 @@ class IncidentRecord:
     cause: Cause | None = None
     plan: list[StepRecord] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    #: findings.ran_well_since at this failure: the supervisor hands it to
+    #: the unit's next triage (not stored).
+    ran_well_usec: int = 0
 
 
 def new_id() -> str:
@@ -238,6 +241,9 @@ class Policy:
     #: How long a healed unit must stay active, at least and at most.
     hold_min_usec: int = 5 * SECOND
     hold_max_usec: int = 12 * SECOND
+    #: The start of the unit's last run that went well, as an earlier
+    #: triage saw it (findings.UnitFacts.ran_well_usec).
+    ran_well_usec: int = 0
 
 
 def _plan_steps(plan: Plan, executed: Executed | None) -> list[StepRecord]:
@@ -283,7 +289,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
             run.skip("gang", budgets.gang_usec, "no kernel or journal lines")
 
     # The rules: findings, the cause, the plan (pure, no budget needed).
-    unit_facts = facts.unit or UnitFacts(unit=unit)
+    unit_facts = replace(facts.unit or UnitFacts(unit=unit),
+                         ran_well_usec=policy.ran_well_usec)
     found: list[Finding] = rules.find(unit, trigger, facts.changes, facts.journal, unit_facts,
                                       facts.failure_usec, attempts=policy.attempts)
     cause = rules.cause(found, facts.failure_usec)
@@ -293,7 +300,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     got_lease, lease_id = await run.phase("lease", budgets.lease_usec,
                                           lambda: phases.lease(unit))
     decided_by = "rules"
-    offered = rules.candidates(plan, unit, facts.tools, cause)
+    offered = rules.candidates(found, plan, cause, unit, facts.tools, unit_facts,
+                               facts.failure_usec)
     if got_lease and len(offered) > 1:
         ok, chosen = await run.phase(
             "decide", budgets.decide_usec,
@@ -351,7 +359,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     return IncidentRecord(
         id=ident, unit=unit, detected_usec=detected_usec, trigger=trigger,
         decision=encode(plan), decided_by=decided_by, result=result, phases=run.phases,
-        summary=summary, cause=cause, plan=steps, findings=lines)
+        summary=summary, cause=cause, plan=steps, findings=lines,
+        ran_well_usec=rules.ran_well_since(unit_facts, facts.failure_usec))
 
 
 def _names(budgets: Budgets) -> list[tuple[str, int]]:

@@ -82,6 +82,10 @@ class SentryService(Sentry1):
         self.store = Store(paths.state / "sentry.sqlite")
         self.systemd = systemd
         self.slots: list[Any] = []
+        #: Each unit's last ActiveState seen: systemd sends PropertiesChanged
+        #: again while a unit stays failed (its Result, its timestamps), and
+        #: only the change into failed is a failure.
+        self.states: dict[str, str] = {}
         self.clock = wall_clock_usec
         live = Live(systemd=systemd, model=self.config.model or MODEL,
                     model_pinned=self.config.model is None,
@@ -137,7 +141,9 @@ class SentryService(Sentry1):
     def _state(self, unit: str, active_state: str) -> None:
         # A running service that crashes makes no job: only this says so. A
         # failed job also ends here; the supervisor keeps one pending per unit.
-        if active_state == "failed":
+        before = self.states.get(unit)
+        self.states[unit] = active_state
+        if active_state == "failed" and before != "failed":
             self.supervisor.offer(Signal(unit=unit, trigger="state_failed",
                                          detected_usec=self.clock()))
 

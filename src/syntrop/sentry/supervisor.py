@@ -61,6 +61,9 @@ class Supervisor:
         #: the start it lost? Units waiting, by the dependency they wait for.
         self.start_lost = start_lost
         self.waiting: dict[str, set[str]] = {}
+        #: When each unit's last run that went well began, as its last
+        #: triage saw it (the next triage's findings need it).
+        self.ran_well: dict[str, int] = {}
         self._checks: set[asyncio.Task[None]] = set()
         #: Set when a signal was taken off the queue (for benches: the
         #: moment triage starts).
@@ -209,7 +212,10 @@ class Supervisor:
             unit, trigger, phases=self.phases, budgets=self.config.budgets, clock=self.clock,
             detected_usec=detected_usec, incident_id=ident,
             policy=Policy(attempts=attempts, hold_min_usec=self.config.verify_usec,
-                          hold_max_usec=self.config.verify_max_usec))
+                          hold_max_usec=self.config.verify_max_usec,
+                          ran_well_usec=self.ran_well.get(unit, 0)))
+        if incident.ran_well_usec:
+            self.ran_well[unit] = incident.ran_well_usec
         if incident.plan:  # an attempt was made (one per incident, whatever its length)
             state = breaker.record_attempt(state, now, policy)
         if incident.result == "needs_human":

@@ -38,6 +38,17 @@ def test_prompt_has_examples_then_the_failure_with_numbered_plans() -> None:
             example.split("plans:\n")[1].splitlines()[0].split(". ", 1)[1])
 
 
+def test_systemds_own_lines_are_left_out_the_units_own_kept() -> None:
+    journal = ["Started web.service - web.", "web: bad option --frobnicate",
+               "web.service: Main process exited, code=exited, status=3/NOTIMPLEMENTED",
+               "web.service: Failed with result 'exit-code'."]
+    _, question = decide.messages(Evidence(unit=UNIT, findings=["x"], cause="x",
+                                           journal=journal), OFFERED)[-1]
+    assert "journal: web: bad option --frobnicate" in question
+    assert "Main process exited" not in question and "Started web" not in question
+    assert "Failed with result" not in question
+
+
 def test_the_schema_accepts_exactly_the_offered_plans() -> None:
     schema = decide.answer_schema(OFFERED)
     validator = jsonschema.Draft202012Validator(schema)

@@ -57,6 +57,24 @@ def test_a_dropin_the_unit_ran_well_with_is_reported_never_undone() -> None:
     assert any("not linked" in line for line in cause.evidence)
 
 
+@pytest.mark.parametrize("started_after", [-0.5, 0.2])
+def test_a_unit_started_about_when_a_change_was_seen_ran_well_with_it(
+        started_after: float) -> None:
+    """A unit file written, reloaded and started within a second, then 11 s
+    of running well: the change is not linked to the crash (nor is one
+    seen half a second after the start: the next start would apply it)."""
+    at = FAIL - 12 * S
+    change = Change(kind="unit_file", timestamp_usec=at, unit=UNIT,
+                    path="/etc/systemd/system/web.service")
+    began = at + int(started_after * S)
+    ran = replace(RESTARTED, active_enter_usec=began, inactive_exit_usec=began - S // 10)
+    _, cause, plan = decide([change], ran, trigger="state_failed")
+    assert cause.kind == f.TRANSIENT and tools(plan) == ["unit_restart"]
+    # Restarted 2 s before the failure: that start began after the change.
+    short = replace(ran, active_enter_usec=FAIL - 2 * S, inactive_exit_usec=FAIL - 3 * S)
+    assert decide([change], short, trigger="state_failed")[1].kind == f.UNIT_FILE
+
+
 def test_a_dependency_failure_never_blames_the_units_own_changes() -> None:
     change = Change(kind="dropin", timestamp_usec=FAIL - 120 * S, unit=UNIT, path=DROPIN)
     waiting = replace(RESTARTED, failed_dependencies=("db.service",), requires=("db.service",))
@@ -68,6 +86,21 @@ def test_a_dependency_failure_never_blames_the_units_own_changes() -> None:
     healed = replace(RESTARTED, failed_dependencies=(), requires=("db.service",))
     _, cause, plan = decide([change], healed, trigger="dependency_healed", attempts=1)
     assert cause.kind == f.DEPENDENCY and tools(plan) == ["unit_restart"]
+
+
+def test_a_dependency_healed_before_its_dependents_triage_is_still_named() -> None:
+    """sentry healed db.service while app's own signal queued: db is active
+    again, but it went down at the failure, and it alone did."""
+    back = replace(RESTARTED, requires=("db.service", "log.service"),
+                   dependencies_down=(("db.service", FAIL - S), ("log.service", FAIL - 3600 * S)))
+    found, cause, plan = decide([], back, trigger="job_dependency")
+    assert (cause.kind, cause.subject) == (f.DEPENDENCY, "db.service")
+    assert any("db.service went down 1 s before it" in line for line in found[0].evidence)
+    assert tools(plan) == ["unit_restart"]
+    # None went down around it: the dependency is unnamed, not guessed.
+    old = replace(back, dependencies_down=(("log.service", FAIL - 3600 * S),))
+    _, cause, _ = decide([], old, trigger="job_dependency")
+    assert (cause.kind, cause.subject) == (f.DEPENDENCY, None)
 
 
 def test_a_stale_definition_is_reloaded_then_restarted() -> None:
@@ -95,6 +128,24 @@ def test_a_config_a_package_replaced_gets_one_restart_then_a_human() -> None:
     assert tools(plan) == ["unit_restart"]
     assert decide([config, package], running, trigger="state_failed",
                   attempts=1)[2].steps == ()
+    # A conffile decision dpkg did not log under a package: the package
+    # installed or upgraded just before it is named.
+    unnamed = replace(package, package=None)
+    upgrade = Change(kind="package", timestamp_usec=FAIL - 2 * S, action="upgrade",
+                     package="web-server")
+    older = Change(kind="package", timestamp_usec=FAIL - 3 * S, action="upgrade",
+                   package="libc6")
+    _, cause, _ = decide([config, unnamed, older, upgrade], running, trigger="state_failed")
+    assert (cause.kind, cause.package) == (f.CONFIG_REPLACED, "web-server")
+    # dpkg replaces an untouched conffile without a word: the upgrade just
+    # before the change (of a package contextd relates to the unit) did.
+    _, cause, _ = decide([config, older, upgrade], running, trigger="state_failed")
+    assert (cause.kind, cause.package) == (f.CONFIG_REPLACED, "web-server")
+    assert "changed during the install or upgrade of web-server" in cause.evidence
+    # An upgrade an hour earlier is not it: edited by hand.
+    long_ago = replace(upgrade, timestamp_usec=FAIL - 3600 * S)
+    _, cause, _ = decide([config, long_ago], running, trigger="state_failed")
+    assert cause.kind == f.CONFIG_EDITED
 
 
 def test_a_config_edited_by_hand_is_named_not_undone() -> None:
@@ -112,7 +163,8 @@ def test_a_missing_program_is_left_to_a_human_at_once() -> None:
     _, cause, plan = decide([], facts)
     assert (cause.kind, cause.subject) == (f.EXEC_MISSING, "/usr/bin/web")
     assert plan.steps == ()
-    assert [p.describe() for p in f.candidates(plan, UNIT, TOOLS, cause)] == ["nothing"]
+    assert [p.describe() for p in f.candidates([], plan, cause, UNIT, TOOLS, facts, FAIL)] == \
+        ["nothing"]
 
 
 def test_a_crash_loop_without_a_change_is_not_restarted_again() -> None:
@@ -135,8 +187,27 @@ def test_a_healed_unit_must_outlive_its_last_run(ran_s: float, hold_s: float) ->
 
 def test_the_model_chooses_among_safe_plans_only() -> None:
     change = Change(kind="dropin", timestamp_usec=FAIL - 10 * S, unit=UNIT, path=DROPIN)
-    _, cause, plan = decide([change], RESTARTED)
-    offered = f.candidates(plan, UNIT, TOOLS, cause)
-    assert [p.describe() for p in offered] == ["revert_dropin", "unit_restart", "nothing"]
+    found, cause, plan = decide([change], RESTARTED)
+
+    def offered(found: list[f.Finding], cause: f.Cause, plan: f.Plan,
+                facts: UnitFacts = RESTARTED) -> list[str]:
+        return [p.describe() for p in f.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
+
+    # A fixable cause: its plan or nothing (never a restart that repeats it).
+    assert offered(found, cause, plan) == ["revert_dropin", "nothing"]
+    # Two fixable findings linked: the rules' first, the other as well.
+    facts = replace(RESTARTED, cache_dirs=("/var/cache/web",))
+    journal = ("web: corrupt index /var/cache/web/index.db",)
+    found, cause, plan = decide([change], facts, journal=journal)
+    assert offered(found, cause, plan, facts) == ["revert_dropin", "clear_cache → unit_restart",
+                                                  "nothing"]
+    # Nothing linked: a restart or nothing.
+    found, cause, plan = decide([], RESTARTED, trigger="state_failed")
+    assert offered(found, cause, plan) == ["unit_restart", "nothing"]
+    # Out of reach after sentry's restart, or waiting: nothing to choose.
+    config = Change(kind="config", timestamp_usec=FAIL - 30 * S, unit=UNIT,
+                    path="/etc/web/web.env", action="modified")
+    found, cause, plan = decide([config], RESTARTED, attempts=1)
+    assert offered(found, cause, plan) == ["nothing"]
     waiting = f.Cause(kind=f.DEPENDENCY, fixable=True, summary="", subject="db.service")
-    assert [p.describe() for p in f.candidates(f.Plan(), UNIT, TOOLS, waiting)] == ["nothing"]
+    assert offered([], waiting, f.Plan()) == ["nothing"]

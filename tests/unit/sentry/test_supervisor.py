@@ -239,3 +239,57 @@ def test_a_unit_waiting_for_its_dependency_is_started_once_that_heals(
                          ("a.service", "dependency_of", "healed"),
                          ("b.service", "dependency_healed", "healed")]
     assert executed == ["unit_restart a.service", "unit_restart b.service"]
+
+
+def test_a_dropin_the_unit_ran_well_with_stays_unlinked_after_sentrys_restart(
+        tmp_path: Path) -> None:
+    """The unit ran 11 s with a drop-in, crashed, was restarted by sentry
+    and died a second later. systemd now shows only that last short run
+    (its start came after the drop-in), but the supervisor remembers the
+    run that went well: the drop-in is still not linked, never reverted."""
+    from syntrop.sentry.findings import Change, UnitFacts
+
+    dropin = "/etc/systemd/system/a.service.d/10-log.conf"
+    executed: list[str] = []
+    clock = Clock()
+    written = T0 - 12 * SECOND
+    runs = iter([(written + SECOND // 5, T0 - 2 * SECOND)])  # (active_enter, ...) per triage
+
+    async def context(unit: str, failure: int) -> Facts:
+        # First failure: it had run 11.8 s. Later ones: sentry's restart.
+        active_enter = next(runs, (failure - SECOND,))[0]
+        return Facts(
+            failure_usec=failure,
+            changes=[Change(kind="dropin", timestamp_usec=written, unit=unit, path=dropin)],
+            tools=("unit_restart", "revert_dropin"),
+            unit=UnitFacts(unit=unit, active_enter_usec=active_enter,
+                           inactive_exit_usec=active_enter - SECOND // 10,
+                           drop_in_paths=(dropin,)))
+
+    async def execute(unit: str, plan: Plan) -> Executed:
+        executed.append(plan.describe())
+        return Executed(outcome="succeeded")
+
+    async def verify(unit: str, hold_usec: int) -> bool:
+        return False
+
+    async def fail(*_: object) -> Any:
+        raise ConnectionRefusedError
+
+    async def scenario() -> list[tuple[str, str]]:
+        store = Store(tmp_path / "s.sqlite")
+        supervisor = Supervisor(
+            store, Phases(context=context, lease=fail, decide=fail, execute=execute,
+                          verify=verify, release=fail),
+            Config(policy=Policy(cap=3, base_usec=SECOND, max_usec=SECOND)), clock)
+        causes = []
+        for _ in range(2):
+            incident = await supervisor.triage("a.service", "state_failed", clock.now)
+            assert incident.cause is not None
+            causes.append((incident.cause.kind, incident.result))
+            clock.now += 5 * SECOND
+        store.close()
+        return causes
+
+    assert asyncio.run(scenario()) == [("transient", "failed"), ("crash_loop", "needs_human")]
+    assert executed == ["unit_restart"]
