@@ -198,6 +198,9 @@ def test_package_upgrade_changes_config_context_names_package(
     [incident] = finished(sentry, unit)
     context = phase(incident, "context")
     assert f"packages: {PACKAGE}" in context["detail"], context
+    cause = incident["cause"]
+    assert (cause["kind"], cause.get("subject"), cause.get("package"), cause["fixable"]) == \
+        ("config_replaced", "/etc/scenario-app/app.env", PACKAGE, False), incident
     assert tool_of(incident) == "unit_restart" and incident["result"] == "healed", incident
     sentry.wait_for_unit(unit, ActiveState="active")
     assert sentry.host_path("/etc/scenario-app/app.env").read_text() == "MODE=two\n"
