@@ -72,13 +72,23 @@ class Live:
         timeline, facts, tools = await asyncio.gather(
             self._timeline(unit, failure_usec), self.unit_facts(unit), self._tools(),
             return_exceptions=True)
+        unread: tuple[str, ...] = ()
+        changes: list[Change]
+        journal: list[str]
         if isinstance(timeline, BaseException):
-            raise timeline
-        changes, journal, at = timeline
+            # systemd's view still counts (a stale definition, a missing
+            # program need no timeline); the cause says what is missing.
+            if not isinstance(facts, UnitFacts):
+                raise timeline
+            changes, journal, at = [], [], failure_usec
+            unread = (f"contextd's timeline: {type(timeline).__name__}: {timeline}"[:200],)
+        else:
+            changes, journal, at = timeline
         named = sorted({c.package for c in changes if c.kind == "package" and c.package})
         packages = f", packages: {', '.join(named)}" if named else ""
         seen = "" if isinstance(facts, UnitFacts) else f"; systemd not asked: {facts}"
-        return Facts(failure_usec=at, changes=changes, journal=journal,
+        seen += "".join(f"; not read: {u}" for u in unread)
+        return Facts(failure_usec=at, changes=changes, journal=journal, unread=unread,
                      unit=facts if isinstance(facts, UnitFacts) else None,
                      tools=tuple(tools) if isinstance(tools, list) else KNOWN_TOOLS,
                      summary=f"{len(changes)} events ({_kinds(changes)}), "

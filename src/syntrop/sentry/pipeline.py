@@ -58,6 +58,9 @@ class Facts:
     summary: str = ""
     unit: UnitFacts | None = None
     tools: tuple[str, ...] = KNOWN_TOOLS
+    #: What could not be read ("contextd's timeline: TimeoutError"): a
+    #: cause found without it says so.
+    unread: tuple[str, ...] = ()
 
     def kernel_lines(self) -> list[str]:
         """What gang triage reads: kernel events' summaries and the journal."""
@@ -280,7 +283,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         "context", budgets.context_usec, lambda: phases.context(unit, detected_usec),
         lambda f: f.summary or f"{len(f.changes)} changes")
     if facts is None:
-        facts = Facts(failure_usec=detected_usec)
+        facts = Facts(failure_usec=detected_usec, unread=(
+            f"the context phase: {run.phases[-1].outcome} ({run.phases[-1].detail})",))
     if phases.gang is not None:
         gang, known_facts = phases.gang, facts
         if facts.kernel_lines():
@@ -294,6 +298,9 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     found: list[Finding] = rules.find(unit, trigger, facts.changes, facts.journal, unit_facts,
                                       facts.failure_usec, attempts=policy.attempts)
     cause = rules.cause(found, facts.failure_usec)
+    if facts.unread and cause.kind == rules.TRANSIENT:
+        cause = replace(cause, summary=f"{cause.summary}, but not everything was read",
+                        evidence=(*cause.evidence, *(f"not read: {u}" for u in facts.unread)))
     plan = rules.plan(cause, unit, facts.tools, unit_facts, restarted=policy.attempts > 0)
     lines = [f.line(facts.failure_usec) for f in found]
 

@@ -311,3 +311,13 @@ def test_pipeline_decide_overrun_says_what_the_model_had_answered() -> None:
     assert decide.detail == ("over its budget of 50 ms; the model had answered "
                              "'{\"tool\": \"un' (5 tokens)")
     assert incident.decided_by == "rules" and incident.result == "healed"
+
+
+def test_a_context_phase_that_failed_is_named_in_a_transient_cause() -> None:
+    fakes = Fakes()
+    incident = run(fakes.phases(context=_fail))
+    assert outcomes(incident)["context"] == "failed"
+    assert incident.cause is not None and incident.cause.kind == "transient"
+    assert "not everything was read" in incident.cause.summary
+    assert any(line.startswith("not read: the context phase: failed (ConnectionRefusedError")
+               for line in incident.cause.evidence), incident.cause.evidence
