@@ -247,6 +247,10 @@ class Policy:
     #: The start of the unit's last run that went well, as an earlier
     #: triage saw it (findings.UnitFacts.ran_well_usec).
     ran_well_usec: int = 0
+    #: Plans (Plan.describe()) that ran on this unit in the breaker's window
+    #: and did not heal it; a plain restart is never in it (a backoff may
+    #: retry one). Such a plan is not run again: the next linked one is.
+    tried: frozenset[str] = frozenset()
 
 
 def _plan_steps(plan: Plan, executed: Executed | None) -> list[StepRecord]:
@@ -309,6 +313,14 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     decided_by = "rules"
     offered = rules.candidates(found, plan, cause, unit, facts.tools, unit_facts,
                                facts.failure_usec)
+    exhausted = False
+    if policy.tried:
+        offered = [p for p in offered if not p.steps or p.describe() not in policy.tried]
+        if plan.steps and plan.describe() in policy.tried:
+            failed = plan.describe()
+            plan = next((p for p in offered if p.steps), Plan(
+                reason=f"{failed} did not heal it earlier in the window; a human must"))
+            exhausted = not plan.steps
     if got_lease and len(offered) > 1:
         ok, chosen = await run.phase(
             "decide", budgets.decide_usec,
@@ -357,7 +369,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         result = "left_alone"
     elif not plan.steps and cause.kind == rules.DEPENDENCY:
         result = "waiting"
-    elif not cause.fixable:
+    elif not cause.fixable or exhausted:
         result = "needs_human"
     else:
         result = "failed"

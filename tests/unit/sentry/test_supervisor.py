@@ -293,3 +293,67 @@ def test_a_dropin_the_unit_ran_well_with_stays_unlinked_after_sentrys_restart(
 
     assert asyncio.run(scenario()) == [("transient", "failed"), ("crash_loop", "needs_human")]
     assert executed == ["unit_restart"]
+
+
+def test_a_plan_that_did_not_heal_is_not_run_again_the_next_linked_one_is(
+        tmp_path: Path) -> None:
+    """A drop-in and a cache both linked: the model chose clearing the cache,
+    which did not heal. The next triage offers and runs the drop-in's revert,
+    not the cache again; once both failed, a human is asked."""
+    from syntrop.sentry.findings import Change, UnitFacts
+    from syntrop.sentry.pipeline import StepRecord
+
+    dropin = "/etc/systemd/system/a.service.d/50-bad.conf"
+    executed: list[str] = []
+    offered: list[list[str]] = []
+    clock = Clock()
+
+    async def context(unit: str, failure: int) -> Facts:
+        return Facts(
+            failure_usec=failure,
+            changes=[Change(kind="dropin", timestamp_usec=failure - 30 * SECOND, unit=unit,
+                            path=dropin)],
+            journal=["a: cannot read /var/cache/a/index.db: bad magic"],
+            tools=("unit_restart", "revert_dropin", "clear_cache"),
+            unit=UnitFacts(unit=unit, active_enter_usec=failure - SECOND,
+                           inactive_exit_usec=failure - SECOND, drop_in_paths=(dropin,),
+                           cache_dirs=("/var/cache/a",)))
+
+    async def lease(unit: str) -> str:
+        return "lease-1"
+
+    async def decide(unit: str, findings: list[str], cause: str, journal: list[str],
+                     plans: list[Plan]) -> Plan:
+        offered.append([p.describe() for p in plans])
+        return next((p for p in plans if p.describe().startswith("clear_cache")), plans[0])
+
+    async def execute(unit: str, plan: Plan) -> Executed:
+        executed.append(plan.describe())
+        return Executed(outcome="succeeded", steps=[
+            StepRecord(tool=s.tool, parameters=dict(s.parameters), outcome="succeeded")
+            for s in plan.steps])
+
+    async def verify(unit: str, hold_usec: int) -> bool:
+        return False
+
+    async def release(lease_id: str) -> None:
+        return None
+
+    async def scenario() -> list[str]:
+        store = Store(tmp_path / "s.sqlite")
+        supervisor = Supervisor(
+            store, Phases(context=context, lease=lease, decide=decide, execute=execute,
+                          verify=verify, release=release),
+            Config(policy=Policy(cap=5, base_usec=SECOND, max_usec=SECOND)), clock)
+        results = []
+        for _ in range(3):
+            incident = await supervisor.triage("a.service", "state_failed", clock.now)
+            results.append(incident.result)
+            clock.now += 5 * SECOND
+        store.close()
+        return results
+
+    assert asyncio.run(scenario()) == ["failed", "failed", "needs_human"]
+    assert executed == ["clear_cache → unit_restart", "revert_dropin"]
+    assert offered == [["revert_dropin", "clear_cache → unit_restart", "nothing"],
+                       ["revert_dropin", "nothing"]]
