@@ -10,6 +10,7 @@ from typing import TypedDict
 
 from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Inference1"
@@ -258,6 +259,9 @@ class RuntimeUnavailable(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Inference1(Interface, name=NAME):
     """Hardware compute discovery, multi-accelerator lease arbitration, PSI
     telemetry, and streaming model inference."""
@@ -272,6 +276,7 @@ class Inference1(Interface, name=NAME):
         PressureTooHigh,
         PlaneQuarantined,
         RuntimeUnavailable,
+        NotAuthorized,
     )
 
     @method

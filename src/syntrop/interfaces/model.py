@@ -6,6 +6,7 @@ from typing import TypedDict
 
 from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Model1"
@@ -182,6 +183,9 @@ class InvalidModel(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Model1(Interface, name=NAME):
     """Content-addressed model store: blobs by SHA-256, atomic verified
     staging, dedup, pins and pruning, pulls from registries."""
@@ -195,6 +199,7 @@ class Model1(Interface, name=NAME):
         InvalidReference,
         PullFailed,
         InvalidModel,
+        NotAuthorized,
     )
 
     @method(return_parameter="model")

@@ -5,6 +5,7 @@ from typing import TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Router1"
@@ -125,11 +126,14 @@ class ConfigInvalid(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Router1(Interface, name=NAME):
     """OpenAI-compatible gateway routing between local runtimed, LAN peers
     and remote APIs by speed, cost, capability and host pressure."""
 
-    errors = (ProviderNotFound, NoRoute, ConfigInvalid)
+    errors = (ProviderNotFound, NoRoute, ConfigInvalid, NotAuthorized)
 
     @method
     def GetStatus(self) -> StatusResult:

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Runtime1"
@@ -611,6 +612,9 @@ def in_words(name: str, parameters: Mapping[str, Any]) -> str | None:
     return None
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Runtime1(Interface, name=NAME):
     """Runs GGUF models: completion and chat streams, embeddings, and
     persistent sessions that reuse their resident prefix."""
@@ -632,6 +636,7 @@ class Runtime1(Interface, name=NAME):
         EngineCrashed,
         EngineFailing,
         SessionLost,
+        NotAuthorized,
     )
 
     @method(return_parameter="chunk")

@@ -5,6 +5,7 @@ from typing import TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Sentry1"
@@ -192,11 +193,14 @@ class InvalidUnitName(TypedVarlinkErrorReply, interface=NAME):
         unit: str
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Sentry1(Interface, name=NAME):
     """The supervisor of the self-healing loop: watches systemd, triages
     failures within hard budgets, never restarts anything forever."""
 
-    errors = (IncidentNotFound, UnitIgnored, BreakerOpen, InvalidUnitName)
+    errors = (IncidentNotFound, UnitIgnored, BreakerOpen, InvalidUnitName, NotAuthorized)
 
     @method
     def GetStatus(self) -> StatusResult:

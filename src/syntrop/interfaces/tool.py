@@ -5,6 +5,7 @@ from typing import Any, TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
 NAME = "io.syntrop.Tool1"
@@ -304,6 +305,9 @@ class PlanRefused(TypedVarlinkErrorReply, interface=NAME):
         message: str
 
 
+NotAuthorized = not_authorized(NAME)
+
+
 class Tool1(Interface, name=NAME):
     """A few typed, allowlisted, sandboxed, reversible remediation actions."""
 
@@ -319,6 +323,7 @@ class Tool1(Interface, name=NAME):
         NoPreviousVersion,
         SystemdUnavailable,
         PlanRefused,
+        NotAuthorized,
     )
 
     @method(return_parameter="tools")

@@ -5,13 +5,14 @@
 - server / daemon / activation: serving them, socket-activated or not
 - client: typed clients with timeouts
 - peer: the caller's credentials inside a method
+- authz: who may call what (root, the owner, or polkit's io.syntrop.* actions)
 """
 
 from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 from asyncvarlink.serviceinterface import InvalidParameter, MethodNotImplemented, PermissionDenied
 
 from syntrop.varlink.contract import Interface, implements, method
-from syntrop.varlink.peer import Peer, current_peer, require
+from syntrop.varlink.peer import Peer, current_peer
 
 __all__ = [
     "FileDescriptor",
@@ -24,5 +25,4 @@ __all__ = [
     "current_peer",
     "implements",
     "method",
-    "require",
 ]

@@ -1,12 +1,9 @@
 """Who is calling: SO_PEERCRED of the connection the current call came in on."""
 
 import contextvars
-import os
 import socket
 import struct
 from dataclasses import dataclass
-
-from asyncvarlink.serviceinterface import PermissionDenied
 
 _UCRED = struct.Struct("3i")
 
@@ -48,12 +45,3 @@ def set_current(peer: Peer) -> contextvars.Token[Peer]:
 
 def reset_current(token: contextvars.Token[Peer]) -> None:
     _current.reset(token)
-
-
-def require(*, uid: int | None = None) -> Peer:
-    """Allow root, our own uid, and `uid` if given; answer PermissionDenied
-    to anyone else."""
-    peer = current_peer()
-    if peer.uid in (0, os.geteuid()) or (uid is not None and peer.uid == uid):
-        return peer
-    raise PermissionDenied()
