@@ -316,6 +316,6 @@ def _freeze_as_nobody(daemon: Activated) -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=30)
-    assert out.stdout.strip() == "org.varlink.service.PermissionDenied", out.stderr
+    assert out.stdout.strip() == "io.syntrop.Inference1.NotAuthorized", out.stderr
     (listed,) = call(daemon, "ListLeases")["leases"]
     assert listed["state"] == "active"

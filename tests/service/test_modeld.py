@@ -259,7 +259,7 @@ def test_changes_need_root_or_modeld_s_user(tmp_path: Path) -> None:
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
             )
             assert result.returncode == 0, result.stderr
-            assert result.stdout.split() == ["1"] + ["org.varlink.service.PermissionDenied"] * 3
+            assert result.stdout.split() == ["1"] + ["io.syntrop.Model1.NotAuthorized"] * 3
             assert len(store.call("List")["models"]) == 1
             store.daemon.assert_healthy()
     finally:

@@ -267,15 +267,15 @@ def test_an_unauthorized_uid_is_refused_and_audited(served: tuple[Activated, Pat
     reply = raw_call_as(65534, daemon.socket, {
         "method": f"{NAME}.Execute",
         "parameters": {"tool": "daemon_reload", "parameters": {}, "dry_run": True}})
-    assert reply.get("error") == "org.varlink.service.PermissionDenied", reply
+    assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     reply = raw_call_as(65534, daemon.socket, {"method": f"{NAME}.GetAudit", "parameters": {}})
-    assert reply.get("error") == "org.varlink.service.PermissionDenied", reply
+    assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     listed = raw_call_as(65534, daemon.socket, {"method": f"{NAME}.ListTools",
                                                 "parameters": {}})
     assert len(listed["parameters"]["tools"]) == 4
     record = call(daemon, "GetAudit", limit=1)["records"][-1]
     assert (record["uid"], record["decision"], record["error"]) == (
-        65534, "denied", "org.varlink.service.PermissionDenied")
+        65534, "denied", "io.syntrop.Tool1.NotAuthorized")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to call as another uid")

@@ -207,7 +207,7 @@ def test_an_unauthorized_uid_is_refused(probe: Instance) -> None:
     out = probe.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                      "/usr/bin/python3", "-c", RAW_CALL, UNIT]).stdout
     reply = json.loads(out)
-    assert reply.get("error") == "org.varlink.service.PermissionDenied", reply
+    assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     assert probe.show(UNIT, "ExecMainStartTimestampMonotonic") == started
     record = call(probe, "GetAudit", unit=UNIT, limit=1)["records"][-1]
     assert (record["uid"], record["decision"], record["outcome"]) == (65534, "denied", "not_run")

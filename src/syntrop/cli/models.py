@@ -89,8 +89,9 @@ def describe(error: BaseException) -> str:
             return f"{params.get('reference')}: {params.get('reason')}"
         case "InvalidModel":
             return f"not a model file: {params.get('reason')}"
-        case "PermissionDenied":
-            return "permission denied: modeld takes changes from root and its own user only"
+        case "NotAuthorized" | "PermissionDenied":
+            return (f"not authorized ({params.get('action', 'io.syntrop.model.manage')}): "
+                    "run it as root, or as a member of the syntrop group")
         case "InvalidParameter":
             return f"modeld refused the parameter {params.get('parameter')!r}"
     return f"modeld answered {name or type(error).__name__}"

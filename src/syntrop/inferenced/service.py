@@ -40,6 +40,7 @@ from syntrop.interfaces.inference import (
     LeaseNotFound,
     ModelInfo,
     ModelNotFound,
+    NotAuthorized,
     PlaneNotFound,
     PlaneQuarantined,
     PlaneSlice,
@@ -48,7 +49,7 @@ from syntrop.interfaces.inference import (
     RuntimeUnavailable,
 )
 from syntrop.system import cgroup, process, psi
-from syntrop.varlink import current_peer, implements, require
+from syntrop.varlink import authz, current_peer, implements
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,26 @@ class InferenceService(Inference1):
     def keep_alive(self) -> bool:
         """Stay up while leases need watching (their pids, their freezes)."""
         return bool(self.records)
+
+    # who may claim what ------------------------------------------------------
+
+    async def _check_claims(self, priority: str, unit: str | None, pid: int | None) -> None:
+        """A lease freezes the cgroup it names when preempted: a caller may
+        name only itself, its own children, and the unit it runs in, unless
+        authorized to lease for others; EmergencyTriage preempts everyone
+        and is authorized apart."""
+        peer = current_peer()
+        if priority == "EmergencyTriage":
+            await authz.authorize(authz.EMERGENCY, NotAuthorized)
+        if authz.privileged(peer):
+            return
+        own = pid is None or process.descends_from(pid, peer.pid)
+        if own and unit and self.mount is not None:
+            named = cgroup.unit_cgroup(self.mount, unit)
+            mine = cgroup.cgroup_of_pid(peer.pid)
+            own = named is None or (mine is not None and cgroup.contains(named, mine))
+        if not own:
+            await authz.authorize(authz.LEASE_OTHERS, NotAuthorized)
 
     # cgroups and pids --------------------------------------------------------
 
@@ -323,11 +344,19 @@ class InferenceService(Inference1):
             self._apply_freeze(record, False)
         self._unwatch_unused()
 
-    def _owned(self, lease_id: str) -> LeaseRecord:
-        record = self.records.get(lease_id)
+    def _lease_or_gang(self, lease_id: str) -> LeaseRecord:
+        record = self.records.get(lease_id) or next(
+            (r for r in self.records.values() if r.lease.group == lease_id), None)
         if record is None:
             raise LeaseNotFound(lease_id=lease_id)
-        require(uid=record.lease.owner_uid)
+        return record
+
+    async def _owned(self, lease_id: str) -> LeaseRecord:
+        """The lease, when the caller owns it or may act for others.
+        Checked outside the lock: a polkit question must not hold it."""
+        record = self._lease_or_gang(lease_id)
+        await authz.authorize(authz.LEASE_OTHERS, NotAuthorized,
+                              owner_uid=record.lease.owner_uid)
         return record
 
     # pressure ------------------------------------------------------------------
@@ -405,6 +434,9 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="priority")
         if not 0 < memory_bytes <= arb.MAX_LEASE_BYTES:
             raise InvalidParameter(parameter="memory_bytes")
+        if pid is not None and pid <= 0:
+            raise InvalidParameter(parameter="pid")
+        await self._check_claims(priority, unit, pid)
         async with self.lock:
             if plane is not None and plane not in self.arbiter.planes:
                 self._rescan()  # a device plugged in since the last scan
@@ -454,6 +486,7 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="slices")
         if any(not 0 < s.memory_bytes <= arb.MAX_LEASE_BYTES for s in slices):
             raise InvalidParameter(parameter="slices")
+        await self._check_claims(priority, client_unit, None)
         named = [s.plane_id for s in slices if s.plane_id]
         if len(set(named)) != len(named):
             raise InvalidParameter(parameter="slices")
@@ -498,22 +531,19 @@ class InferenceService(Inference1):
 
     @implements
     async def ReleaseLease(self, *, lease_id: str) -> None:
+        await self._owned(lease_id)
         async with self.lock:
-            record = self.records.get(lease_id) or next(
-                (r for r in self.records.values() if r.lease.group == lease_id), None
-            )
-            if record is None:
-                raise LeaseNotFound(lease_id=lease_id)
-            require(uid=record.lease.owner_uid)
-            await self._release(record.lease.id)
+            await self._release(self._lease_or_gang(lease_id).lease.id)
 
     @implements
     async def Yield(self, *, lease_id: str) -> None:
         await self.ReleaseLease(lease_id=lease_id)
 
     async def _set_frozen(self, lease_id: str, frozen: bool) -> None:
+        await self._owned(lease_id)
         async with self.lock:
-            self._owned(lease_id)
+            if lease_id not in self.records:
+                raise LeaseNotFound(lease_id=lease_id)  # released meanwhile
             try:
                 changed = self.arbiter.set_frozen(lease_id, frozen)
             except arb.Exhausted as error:
@@ -590,6 +620,8 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="path")
         if not 0 < estimated_bytes <= arb.MAX_LEASE_BYTES:
             raise InvalidParameter(parameter="estimated_bytes")
+        # A model record steers placement and StreamInference for everyone.
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         model = Model(id=id, format=format, path=path, estimated_bytes=estimated_bytes)
         await self.store.put_model(model)
         self.models[id] = model
@@ -638,8 +670,10 @@ class InferenceService(Inference1):
                 raise RuntimeUnavailable(reason=f"runtimed failed: {error}") from None
 
     @implements
-    def AcquireBuffer(self, *, lease_id: str) -> AcquireBufferResult:
-        record = self._owned(lease_id)
+    async def AcquireBuffer(self, *, lease_id: str) -> AcquireBufferResult:
+        record = await self._owned(lease_id)
+        if lease_id not in self.records:
+            raise LeaseNotFound(lease_id=lease_id)
         if record.lease.plane != "cpu":
             raise InvalidParameter(parameter="lease_id")
         fd = self.buffers.get(lease_id)
@@ -657,7 +691,7 @@ class InferenceService(Inference1):
 
     @implements
     async def Quarantine(self, *, plane: str, reason: str) -> None:
-        require()
+        await authz.authorize(authz.MANAGE_PLANES, NotAuthorized)
         if self.topology.plane(plane) is None:
             raise PlaneNotFound(plane=plane)
         if not reason or len(reason) > 1024:
@@ -668,7 +702,7 @@ class InferenceService(Inference1):
 
     @implements
     async def Unquarantine(self, *, plane: str) -> None:
-        require()
+        await authz.authorize(authz.MANAGE_PLANES, NotAuthorized)
         if self.topology.plane(plane) is None:
             raise PlaneNotFound(plane=plane)
         await self.store.set_quarantine(plane, None)

@@ -35,6 +35,7 @@ from syntrop.interfaces.model import (
     Model1,
     ModelInUse,
     ModelNotFound,
+    NotAuthorized,
     OpenModelResult,
     PruneResult,
     PullFailed,
@@ -47,7 +48,7 @@ from syntrop.modeld.blobs import BlobTree
 from syntrop.modeld.config import Config, load
 from syntrop.modeld.store import Blob, Entry, Manifests, Partial
 from syntrop.system import files
-from syntrop.varlink import InvalidParameter, implements, require
+from syntrop.varlink import InvalidParameter, authz, implements
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ class ModelService(Model1):
         source: str | None = None,
     ) -> Model:
         parsed = self._name(name)
-        require()
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         expected = self._digest(sha256)
         if source is not None and (len(source) > MAX_PATH or "\0" in source):
             raise InvalidParameter(parameter="source")
@@ -322,7 +323,7 @@ class ModelService(Model1):
         except refs.InvalidReference as error:
             raise InvalidReference(reference=error.reference, reason=error.reason) from None
         parsed = self._name(name if name is not None else refs.default_name(ref))
-        require()
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         digest = self._digest(sha256)
         if digest is None:
             raise InvalidParameter(parameter="sha256")
@@ -477,8 +478,8 @@ class ModelService(Model1):
 
     @implements
     async def Remove(self, *, name: str) -> None:
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         entry = self._entry(name)
-        require()
         async with self.lock:
             entry = self.entries.get(entry.key) or entry
             if entry.key not in self.entries:
@@ -492,8 +493,8 @@ class ModelService(Model1):
             await self._collect([entry.digest])
 
     async def _set_pinned(self, name: str, pinned: bool) -> None:
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         entry = self._entry(name)
-        require()
         async with self.lock:
             current = self.entries.get(entry.key)
             if current is None:
@@ -513,7 +514,7 @@ class ModelService(Model1):
     async def Prune(
         self, *, budget_bytes: int | None = None, dry_run: bool | None = None
     ) -> PruneResult:
-        require()
+        await authz.authorize(authz.MANAGE_MODELS, NotAuthorized)
         if budget_bytes is not None and not 0 <= budget_bytes <= MAX_SIZE:
             raise InvalidParameter(parameter="budget_bytes")
         budget = budget_bytes if budget_bytes is not None else self.config.budget_bytes

@@ -13,6 +13,7 @@ from syntrop.interfaces.router import (
     ConfigInvalid,
     ModelsResult,
     NoRoute,
+    NotAuthorized,
     Provider,
     ProviderNotFound,
     Router1,
@@ -24,7 +25,7 @@ from syntrop.routerd import scoring
 from syntrop.routerd.gateway import DISCOVERY_TIMEOUT, Gateway
 from syntrop.routerd.http import HTTPServer
 from syntrop.routerd.providers import ProviderError
-from syntrop.varlink import implements
+from syntrop.varlink import authz, implements
 
 #: Seconds a real probe of a provider may take (runtimed: a model load and a token).
 PROBE_TIMEOUT = 60.0
@@ -134,6 +135,8 @@ class RouterService(Router1):
 
     @implements
     async def TestProvider(self, *, provider: str) -> TestResult:
+        # A real probe: it may load a model in runtimed, or cost money upstream.
+        await authz.authorize(authz.MANAGE_ROUTER, NotAuthorized)
         target = self.gateway.providers.get(provider)
         if target is None:
             raise ProviderNotFound(provider=provider)
@@ -156,6 +159,7 @@ class RouterService(Router1):
 
     @implements
     async def Reload(self) -> None:
+        await authz.authorize(authz.MANAGE_ROUTER, NotAuthorized)
         try:
             config = routerconfig.load(self.path)
         except ConfigError as error:

@@ -55,6 +55,7 @@ from syntrop.interfaces.runtime import (
     LoadedModel,
     LoadResult,
     NoPrefix,
+    NotAuthorized,
     OpenSessionResult,
     PrefixStatus,
     Runtime1,
@@ -76,7 +77,7 @@ from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.runtimed.streams import relay
 from syntrop.runtimed.workers import Call, Exit, Worker, WorkerGone
-from syntrop.varlink import InvalidParameter, implements
+from syntrop.varlink import InvalidParameter, authz, current_peer, implements
 
 if TYPE_CHECKING:
     from syntrop.runtimed.cpu import Choice
@@ -274,6 +275,7 @@ class RuntimeService(Runtime1):
 
     @implements
     async def Unload(self, *, model: str | None = None) -> UnloadResult:
+        await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized)
         if model is not None:
             check_name(model)
         async with self.residency.loading:
@@ -537,7 +539,7 @@ class RuntimeService(Runtime1):
         try:
             resident = await self._hold(model)
             try:
-                for ended in self.table.fence(owner_instance_id):
+                for ended in self.table.fence(owner_instance_id, current_peer().uid):
                     logger.info("session %s ended by a takeover", ended.session_id)
                     with contextlib.suppress(EngineCrashed):  # gone with its worker
                         await self._free(ended)
@@ -582,7 +584,8 @@ class RuntimeService(Runtime1):
                     sinks=sinks, journal=journal)
         seat.quiet.set()
         return self.table.add(owner=owner, model=model, engine=seat,
-                              add_bos=not (config and config.disable_bos), session_id=session_id)
+                              add_bos=not (config and config.disable_bos), session_id=session_id,
+                              uid=current_peer().uid)
 
     async def _abandoned(self, session: sessions_mod.Session[Seat]) -> None:
         """A session opened for a caller that went away before it learnt the

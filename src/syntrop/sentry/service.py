@@ -22,6 +22,7 @@ from syntrop.interfaces.sentry import (
     Incident,
     IncidentNotFound,
     InvalidUnitName,
+    NotAuthorized,
     Phase,
     PlanStep,
     Sentry1,
@@ -36,7 +37,7 @@ from syntrop.sentry.store import Store
 from syntrop.sentry.supervisor import Signal, Supervisor
 from syntrop.system import systemd as sd
 from syntrop.system.notify import notify
-from syntrop.varlink import InvalidParameter, implements
+from syntrop.varlink import InvalidParameter, authz, implements
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,8 @@ class SentryService(Sentry1):
     async def Triage(self, *, unit: str) -> Incident:
         if not valid_unit_name(unit):
             raise InvalidUnitName(unit=unit[:256])
+        # sentry acts as root (toold's plans, EmergencyTriage leases).
+        await authz.authorize(authz.TRIAGE, NotAuthorized)
         if self.config.ignored(unit):
             raise UnitIgnored(unit=unit)
         verdict = breaker.check(await self.store.breaker(unit), self.clock(),
@@ -209,4 +212,5 @@ class SentryService(Sentry1):
     async def ResetBreaker(self, *, unit: str) -> None:
         if not valid_unit_name(unit):
             raise InvalidUnitName(unit=unit[:256])
+        await authz.authorize(authz.TRIAGE, NotAuthorized)
         await self.store.reset_breaker(unit)

@@ -20,6 +20,28 @@ def start_time(pid: int, *, proc: Path = Path("/proc")) -> int | None:
     return int(fields[19])
 
 
+def parent(pid: int, *, proc: Path = Path("/proc")) -> int | None:
+    """Field 4 of /proc/PID/stat (the parent pid), or None."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(text.rsplit(")", 1)[1].split()[1])
+
+
+def descends_from(pid: int, ancestor: int, *, proc: Path = Path("/proc"),
+                  max_depth: int = 64) -> bool:
+    """Whether `pid` is `ancestor` or below it in the process tree."""
+    current: int | None = pid
+    for _ in range(max_depth):
+        if current == ancestor:
+            return True
+        if current is None or current <= 1:
+            return False
+        current = parent(current, proc=proc)
+    return False
+
+
 def alive(pid: int, started: int | None, *, proc: Path = Path("/proc")) -> bool:
     current = start_time(pid, proc=proc)
     if current is None:

@@ -54,7 +54,10 @@ class NoSystemd(ToolError):
 
 
 class Denied(ToolError):
-    error = "org.varlink.service.PermissionDenied"
+    """Not root, not the sentry uid, and polkit did not authorize it
+    (fields: action)."""
+
+    error = "io.syntrop.Tool1.NotAuthorized"
 
 
 class PlanError(ToolError):

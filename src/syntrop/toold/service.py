@@ -1,13 +1,13 @@
 """The Varlink face of toold: io.syntrop.Tool1.
 
-Execute, in order: who is calling (root or the sentry uid, else
-PermissionDenied) → which tool → its parameters (schema) → the unit's name
-and the allow/deny patterns → the per-unit lock (busy: UnitBusy, never
-queued) → rate limits (not for dry runs) → the tool's prepare (existence,
-path safety, sandbox layers, previous version) → audit "allowed" → dry run:
-the plan; else execute → audit the outcome. Every refusal is audited with
-the declared error it got, and nothing is changed before the "allowed" row
-is on disk.
+Execute, in order: who is calling (root, the sentry uid, or polkit's
+io.syntrop.tool.execute; else NotAuthorized) → which tool → its
+parameters (schema) → the unit's name and the allow/deny patterns → the
+per-unit lock (busy: UnitBusy, never queued) → rate limits (not for dry
+runs) → the tool's prepare (existence, path safety, sandbox layers,
+previous version) → audit "allowed" → dry run: the plan; else execute →
+audit the outcome. Every refusal is audited with the declared error it
+got, and nothing is changed before the "allowed" row is on disk.
 """
 
 import asyncio
@@ -20,6 +20,7 @@ from syntrop.interfaces.tool import (
     ExecuteResult,
     InvalidArgument,
     NoPreviousVersion,
+    NotAuthorized,
     PlanRefused,
     PlanResult,
     PlanStep,
@@ -41,7 +42,7 @@ from syntrop.toold.audit import Audit
 from syntrop.toold.config import Config, load
 from syntrop.toold.context import Context, now_usec
 from syntrop.toold.tools import TOOL_TYPES, Outcome, Tool
-from syntrop.varlink import InvalidParameter, PermissionDenied, current_peer, implements
+from syntrop.varlink import InvalidParameter, authz, current_peer, implements
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def _wire(error: errors.ToolError) -> Exception:
         case errors.NoSystemd():
             return SystemdUnavailable(reason=f["reason"])
         case errors.Denied():
-            return PermissionDenied()
+            return NotAuthorized(action=f["action"])
         case errors.PlanError():
             return PlanRefused(reason=f["reason"], step=f["step"], message=f["words"])
     raise AssertionError(f"unmapped domain error {error!r}")  # pragma: no cover
@@ -122,11 +123,14 @@ class ToolService(Tool1):
 
     # helpers -----------------------------------------------------------------
 
-    def _authorized(self, uid: int) -> bool:
-        import os
+    async def _authorized(self) -> bool:
+        """Root, toold's own uid, the sentry uid, or polkit's io.syntrop.tool.execute."""
+        return await authz.allowed(authz.REMEDIATE, owner_uid=self.config.sentry_uid)
 
-        return uid in (0, os.geteuid()) or (self.config.sentry_uid is not None
-                                              and uid == self.config.sentry_uid)
+    @staticmethod
+    def _denied() -> errors.Denied:
+        return errors.Denied(f"not root or the sentry uid, and polkit did not authorize "
+                             f"{authz.REMEDIATE}", action=authz.REMEDIATE)
 
     async def _refuse(self, error: errors.ToolError, *, tool: str, unit: str | None,
                       parameters: Any, dry_run: bool, decision: str = "refused") -> Exception:
@@ -169,8 +173,8 @@ class ToolService(Tool1):
         unit = unit if isinstance(unit, str) and units.syntax_error(unit) is None else None
         if not isinstance(tool, str) or len(tool) > 128:
             raise InvalidParameter(parameter="tool")
-        if not self._authorized(current_peer().uid):
-            raise await self._refuse(errors.Denied("not root or the sentry uid"), tool=tool,
+        if not await self._authorized():
+            raise await self._refuse(self._denied(), tool=tool,
                                      unit=unit, parameters=parameters, dry_run=dry,
                                      decision="denied")
         key = None
@@ -189,7 +193,14 @@ class ToolService(Tool1):
             self.busy.add(key)
             if not dry:
                 await self._rate_check(unit)
-            plan = await found.prepare(args, self.context)
+            try:
+                plan = await found.prepare(args, self.context)
+            except OSError as error:
+                # A file checked a moment ago changed under the check (a
+                # drop-in directory removed meanwhile): refused, not crashed.
+                raise errors.Unsafe(f"{error.filename or unit}: {error.strerror or error}",
+                                    path=str(error.filename or ""),
+                                    reason="it changed while it was being checked") from None
         except errors.ToolError as error:
             if key is not None:
                 self.busy.discard(key)
@@ -197,6 +208,10 @@ class ToolService(Tool1):
                 "busy" if isinstance(error, errors.Busy) else "refused"
             raise await self._refuse(error, tool=tool, unit=unit, parameters=parameters,
                                      dry_run=dry, decision=decision) from None
+        except BaseException:
+            if key is not None:
+                self.busy.discard(key)  # whatever failed, the unit is not left busy
+            raise
         try:
             return await self._run(found, plan, parameters, dry)
         finally:
@@ -269,8 +284,8 @@ class ToolService(Tool1):
             raise InvalidParameter(parameter="unit")
         described = {"unit": unit, "steps": [{"tool": s.tool, "parameters": s.parameters}
                                               for s in steps[:MAX_PLAN_STEPS + 1]]}
-        if not self._authorized(current_peer().uid):
-            raise await self._refuse(errors.Denied("not root or the sentry uid"), tool="plan",
+        if not await self._authorized():
+            raise await self._refuse(self._denied(), tool="plan",
                                      unit=unit, parameters=described, dry_run=bool(dry_run),
                                      decision="denied")
         try:
@@ -307,8 +322,8 @@ class ToolService(Tool1):
     @implements
     async def GetAudit(self, *, limit: int | None = None,
                        unit: str | None = None) -> list[AuditRecord]:
-        if not self._authorized(current_peer().uid):
-            raise PermissionDenied()
+        if not await self._authorized():
+            raise NotAuthorized(action=authz.REMEDIATE)
         if limit is not None and not 0 < limit <= MAX_AUDIT:
             raise InvalidParameter(parameter="limit")
         if unit is not None and len(unit) > units.MAX:

@@ -6,7 +6,7 @@ import pytest
 
 from syntrop.cli.models import describe, human, parse_size
 from syntrop.interfaces import model as contract
-from syntrop.varlink import InvalidParameter, PermissionDenied
+from syntrop.varlink import InvalidParameter
 
 
 def test_parse_size() -> None:
@@ -35,7 +35,8 @@ def test_human() -> None:
     (contract.InvalidReference(reference="ftp://x", reason="unknown"), "ftp://x: unknown"),
     (contract.PullFailed(reference="hf://o/r/f", status=0, reason="cut"), "hf://o/r/f: cut"),
     (contract.InvalidModel(reason="not a GGUF"), "not a model file: not a GGUF"),
-    (PermissionDenied(), "permission denied"),
+    (contract.NotAuthorized(action="io.syntrop.model.manage"),
+     "not authorized (io.syntrop.model.manage)"),
     (InvalidParameter(parameter="fd"), "'fd'"),
 ])
 def test_every_declared_error_reads_as_one_line(error: BaseException, words: str) -> None:

@@ -104,3 +104,42 @@ def test_old_actions_fall_out_of_the_window(tmp_path: Path) -> None:
 
     asyncio.run(go())
     asyncio.run(tool.aclose())
+
+
+def test_a_prepare_that_fails_unexpectedly_leaves_the_unit_free_and_is_audited(
+        tmp_path: Path) -> None:
+    """A drop-in directory that vanished mid-check raised FileNotFoundError
+    out of prepare: the unit stayed busy until toold restarted. Now it is a
+    declared UnsafePath refusal, audited, and the next call is not UnitBusy."""
+    from syntrop.interfaces.tool import UnitBusy, UnsafePath
+    from syntrop.varlink.peer import Peer, reset_current, set_current
+
+    tool = service(tmp_path, RateLimit(per_unit=50, per_unit_window=60, total=50,
+                                       total_window=60))
+    restart = tool.tools["unit_restart"]
+    calls = []
+
+    async def vanishing(args: object, context: object) -> object:
+        calls.append(args)
+        raise FileNotFoundError(2, "No such file or directory", "/etc/systemd/system/a.service.d")
+
+    restart.prepare = vanishing  # type: ignore[method-assign,assignment]
+
+    async def go() -> list[str]:
+        token = set_current(Peer(pid=1, uid=0, gid=0))
+        try:
+            got = []
+            for _ in range(2):
+                try:
+                    await tool._execute("unit_restart", {"unit": "a.service"}, False)
+                except (UnsafePath, UnitBusy) as error:
+                    got.append(type(error).__name__)
+            return got
+        finally:
+            reset_current(token)
+
+    assert asyncio.run(go()) == ["UnsafePath", "UnsafePath"]
+    assert len(calls) == 2 and tool.busy == set()
+    rows = asyncio.run(tool.audit.rows(limit=2))
+    assert [(r.decision, r.error) for r in rows] == [("refused", "io.syntrop.Tool1.UnsafePath")] * 2
+    asyncio.run(tool.aclose())
