@@ -102,18 +102,21 @@ class Session(Generic[E]):
     stable_byte_hash: str = ""
     stable_token_hash: str = ""
     closed: bool = False
+    #: The uid that opened it: owner epochs are per uid, so one user's
+    #: takeover never ends another user's sessions.
+    uid: int = 0
 
 
 class SessionTable(Generic[E]):
-    """Open sessions by id, and the current owner epoch."""
+    """Open sessions by id, and each uid's current owner epoch."""
 
     def __init__(self, limit: int = MAX_SESSIONS) -> None:
         self.limit = limit
-        self.owner: str | None = None
+        self.owners: dict[int, str] = {}
         self._sessions: dict[str, Session[E]] = {}
         # Ids of sessions ended by a takeover, so they answer StaleSession
         # rather than UnknownSession (bounded: oldest forgotten first).
-        self._stale: dict[str, None] = {}
+        self._stale: dict[str, str] = {}  # id → the owner that took over
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -121,24 +124,24 @@ class SessionTable(Generic[E]):
     def __iter__(self) -> Iterator[Session[E]]:
         return iter(list(self._sessions.values()))
 
-    def fence(self, owner: str) -> list[Session[E]]:
-        """Make `owner` the current epoch. A takeover (a different owner)
-        ends every session of older owners; they are returned for the
-        caller to free."""
-        self.owner = owner
-        ended = [s for s in self._sessions.values() if s.owner != owner]
+    def fence(self, owner: str, uid: int = 0) -> list[Session[E]]:
+        """Make `owner` the current epoch of `uid`. A takeover (a different
+        owner) ends every session of that uid's older owners; they are
+        returned for the caller to free."""
+        self.owners[uid] = owner
+        ended = [s for s in self._sessions.values() if s.uid == uid and s.owner != owner]
         for session in ended:
             del self._sessions[session.session_id]
             session.closed = True
-            self._stale[session.session_id] = None
+            self._stale[session.session_id] = owner
         while len(self._stale) > 4 * self.limit:
             del self._stale[next(iter(self._stale))]
         return ended
 
     def add(self, *, owner: str, model: str, engine: E, add_bos: bool = True,
-            session_id: str | None = None) -> Session[E]:
+            session_id: str | None = None, uid: int = 0) -> Session[E]:
         session = Session(session_id=session_id or secrets.token_hex(16), owner=owner, model=model,
-                          engine=engine, add_bos=add_bos)
+                          engine=engine, add_bos=add_bos, uid=uid)
         self._sessions[session.session_id] = session
         return session
 
@@ -147,17 +150,18 @@ class SessionTable(Generic[E]):
         session = self._sessions.get(session_id)
         if session is None:
             if session_id in self._stale:
-                raise StaleSession(session_id, self.owner or "")
+                raise StaleSession(session_id, self._stale[session_id])
             raise UnknownSession(session_id)
-        if session.owner != self.owner:
-            raise StaleSession(session_id, self.owner or "")
+        current = self.owners.get(session.uid, "")
+        if session.owner != current:
+            raise StaleSession(session_id, current)
         return session
 
     def remove(self, session_id: str) -> Session[E]:
         session = self._sessions.pop(session_id, None)
         if session is None:
             if session_id in self._stale:
-                raise StaleSession(session_id, self.owner or "")
+                raise StaleSession(session_id, self._stale[session_id])
             raise UnknownSession(session_id)
         session.closed = True
         return session

@@ -84,3 +84,19 @@ def test_session_table_unknown_and_closed() -> None:
     assert table.remove(session.session_id).closed
     with pytest.raises(UnknownSession):
         table.get(session.session_id)
+
+
+def test_a_takeover_ends_only_its_own_uids_sessions() -> None:
+    """Owner epochs are per uid: another local user opening a session under
+    a new owner id leaves everyone else's sessions alone."""
+    table: SessionTable[str] = SessionTable()
+    table.fence("router-1", uid=0)
+    routers = table.add(owner="router-1", model="m", engine="e1", uid=0)
+    table.fence("mine", uid=65534)
+    theirs = table.add(owner="mine", model="m", engine="e2", uid=65534)
+    assert table.get(routers.session_id) is routers
+    assert table.fence("mine-2", uid=65534) == [theirs]
+    assert table.get(routers.session_id) is routers
+    with pytest.raises(StaleSession) as caught:
+        table.get(theirs.session_id)
+    assert caught.value.owner == "mine-2"
