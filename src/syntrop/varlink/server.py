@@ -88,6 +88,14 @@ class Limits:
     max_message: int = 16 * MiB
     max_connections: int = 4096
     max_connections_per_uid: int = 1024
+    #: A message begun and not ended within this many seconds closes its
+    #: connection (slowloris). sd-varlink's idle timeout is 45 s.
+    partial_timeout: float = 30.0
+    #: Bytes of unfinished input buffered for one uid, and for everyone:
+    #: a read past either closes the connection that made it, so a uid at
+    #: its cap loses its own connections and nobody else's.
+    max_buffered_per_uid: int = 32 * MiB
+    max_buffered: int = 128 * MiB
     #: Exit after this many seconds with no connection and nothing pending.
     idle_timeout: float | None = None
 
@@ -120,6 +128,9 @@ class _Connection:
         self.peer = peer
         self.loop = server.loop
         self.inbuf = bytearray()
+        #: len(inbuf) as the server's per-uid accounting knows it.
+        self.accounted = 0
+        self.partial_timer: asyncio.TimerHandle | None = None
         self.infds: list[int] = []
         self.outq: collections.deque[tuple[memoryview, list[int], Callable[[], None] | None]] = (
             collections.deque()
@@ -169,6 +180,11 @@ class _Connection:
             self._on_eof()
             return
         self.inbuf += data
+        if not self.server.account(self, len(self.inbuf)):
+            logger.info("connection from pid %d uid %d: buffered input over its cap, closing",
+                        self.peer.pid, self.peer.uid)
+            self.close()
+            return
         self._process()
 
     def _on_eof(self) -> None:
@@ -197,18 +213,42 @@ class _Connection:
                     self.close()
                 elif self.eof:
                     self.close()
+                self._arm_partial()
                 return
             if end > limit:
                 self.close()
                 return
             message = self.inbuf[:end]
             del self.inbuf[: end + 1]
+            self.server.account(self, len(self.inbuf))
             fds, self.infds = self.infds, []
             self._dispatch(message, fds)
         if self.task is not None:
             self._pause_reading()
         elif self.eof and not self.outq and not self.closed:
             self.close()
+        self._arm_partial()
+
+    def _arm_partial(self) -> None:
+        """A timer while a message is unfinished; none otherwise."""
+        if self.inbuf and not self.closed:
+            if self.partial_timer is None:
+                self.partial_timer = self.loop.call_later(
+                    self.server.limits.partial_timeout, self._partial_expired)
+        elif self.partial_timer is not None:
+            self.partial_timer.cancel()
+            self.partial_timer = None
+
+    def _partial_expired(self) -> None:
+        self.partial_timer = None
+        if self.closed or not self.inbuf:
+            return
+        if self.task is not None:
+            self._arm_partial()  # pipelined input waiting for a call: not the client's stall
+            return
+        logger.info("connection from pid %d: a message unfinished after %g s, closing",
+                    self.peer.pid, self.server.limits.partial_timeout)
+        self.close()
 
     # calls -----------------------------------------------------------------
 
@@ -467,6 +507,11 @@ class _Connection:
         self.closed = True
         self._pause_reading()
         self.loop.remove_writer(self.fd)
+        if self.partial_timer is not None:
+            self.partial_timer.cancel()
+            self.partial_timer = None
+        self.inbuf = bytearray()
+        self.server.account(self, 0)
         for _, _, done in self.outq:
             if done:
                 done()
@@ -550,6 +595,8 @@ class Server:
         self.methods: dict[str, tuple[Callable[..., Any], VarlinkMethodSignature]] = {}
         self.connections: set[_Connection] = set()
         self.per_uid: collections.Counter[int] = collections.Counter()
+        self.buffered_per_uid: collections.Counter[int] = collections.Counter()
+        self.buffered = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.listeners: list[socket.socket] = []
         self.stopped = asyncio.Event()
@@ -620,6 +667,20 @@ class Server:
         self.per_uid[peer.uid] += 1
         self._cancel_idle()
         return connection
+
+    def account(self, connection: _Connection, size: int) -> bool:
+        """Record `connection`'s buffered input as `size` bytes; False when
+        that puts its uid or the daemon over the limits."""
+        grown = size - connection.accounted
+        connection.accounted = size
+        uid = connection.peer.uid
+        self.buffered_per_uid[uid] += grown
+        self.buffered += grown
+        if self.buffered_per_uid[uid] <= 0:
+            del self.buffered_per_uid[uid]
+        return grown <= 0 or (
+            self.buffered_per_uid.get(uid, 0) <= self.limits.max_buffered_per_uid
+            and self.buffered <= self.limits.max_buffered)
 
     def connection_closed(self, connection: _Connection) -> None:
         if connection in self.connections:

@@ -325,6 +325,59 @@ def test_message_over_limit_closes_only_that_connection() -> None:
     run(main())
 
 
+def test_a_message_left_unfinished_closes_its_connection_after_the_timeout() -> None:
+    """Slowloris: a byte now and then, never the NUL. A message that is
+    finished in time, and an idle connection, stay."""
+    async def main() -> None:
+        server, path, _ = await serve(Limits(partial_timeout=0.6))
+        loop = asyncio.get_running_loop()
+        slow, idle, prompt = [await connect(path) for _ in range(3)]
+        await loop.sock_sendall(prompt.sock, b'{"method":')
+        for _ in range(3):
+            await loop.sock_sendall(slow.sock, b" ")
+            await asyncio.sleep(0.1)
+        await loop.sock_sendall(prompt.sock, b'"io.syntrop.Probe1.Who"}\0')
+        assert "parameters" in (await prompt.receive())[0]
+        await asyncio.sleep(0.5)
+        with pytest.raises((ConnectionResetError, BrokenPipeError, EOFError)):
+            await loop.sock_sendall(slow.sock, b" ")
+            await slow.receive()
+        assert "parameters" in await idle.call("io.syntrop.Probe1.Who")
+        assert "parameters" in await prompt.call("io.syntrop.Probe1.Who")
+        for client in (slow, idle, prompt):
+            client.sock.close()
+        await server.close()
+
+    run(main())
+
+
+def test_buffered_input_is_capped_per_uid() -> None:
+    """Unfinished messages of one uid past its cap close the connection that
+    went over; the uid's calls after that still work, and the accounting
+    returns to zero when connections close."""
+    async def main() -> None:
+        server, path, _ = await serve(Limits(max_buffered_per_uid=1 << 20))
+        loop = asyncio.get_running_loop()
+        first, second = await connect(path), await connect(path)
+        await loop.sock_sendall(first.sock, b"[" * (600 << 10))
+        await asyncio.sleep(0.05)
+        assert server.buffered == 600 << 10
+        with pytest.raises((ConnectionResetError, BrokenPipeError, EOFError)):
+            await loop.sock_sendall(second.sock, b"[" * (600 << 10))
+            await second.receive()
+        assert server.buffered == 600 << 10
+        first.sock.close()
+        await asyncio.sleep(0.05)
+        assert server.buffered == 0 and not server.buffered_per_uid
+        third = await connect(path)
+        assert "parameters" in await third.call("io.syntrop.Probe1.Who")
+        second.sock.close()
+        third.sock.close()
+        await server.close()
+
+    run(main())
+
+
 def test_per_uid_cap_refuses_extra_connections() -> None:
     async def main() -> None:
         server, path, _ = await serve(Limits(max_connections_per_uid=2))
