@@ -1,0 +1,150 @@
+"""Who may do what, on a real systemd with a real polkitd: every privileged
+method called as an unprivileged user (nobody), as an operator (a member of
+the `syntrop` group, which the shipped polkit rule grants the operator
+actions) and, where it matters, as root.
+
+Each refusal must be the interface's declared NotAuthorized naming the
+polkit action, and must change nothing: dbus.service is not frozen by a
+lease nobody took on it, no breaker is reset, no model is registered."""
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.system.instance import Instance
+
+OPERATOR = "syntrop-op"
+#: One raw Varlink call on the daemon's socket, as whoever runs it; prints
+#: the reply (or the error) as one JSON line.
+RAW = r"""
+import json, socket, sys
+interface, method, parameters = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect("/run/syntrop/" + interface)
+s.sendall(json.dumps({"method": f"{interface}.{method}", "parameters": parameters}).encode()
+          + b"\0")
+reply = b""
+while not reply.endswith(b"\0"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    reply += chunk
+print(reply.rstrip(b"\0").decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def authz(instance: Instance) -> Iterator[Instance]:
+    instance.run(["sh", "-c", f"getent passwd {OPERATOR} >/dev/null || "
+                              f"useradd --system --no-create-home -G syntrop {OPERATOR}"])
+    yield instance
+
+
+def as_user(instance: Instance, user: str, interface: str, method: str,
+            **parameters: Any) -> dict[str, Any]:
+    groups = "--clear-groups" if user == "nobody" else "--init-groups"
+    out = instance.run(["setpriv", f"--reuid={user}", f"--regid={user}", groups,
+                        "/usr/bin/python3", "-c", RAW, interface, method,
+                        json.dumps(parameters)], timeout=60).stdout
+    return dict(json.loads(out))
+
+
+def refused(reply: dict[str, Any], interface: str, action: str) -> bool:
+    return reply.get("error") == f"io.syntrop.{interface}.NotAuthorized" and \
+        reply.get("parameters") == {"action": action}
+
+
+LEASE = {"memory_bytes": 1 << 20, "plane": "cpu"}
+
+# (interface, method, parameters, the action it needs)
+NOBODY_REFUSED = [
+    ("Inference1", "AcquireLease", {**LEASE, "priority": "Batch", "unit": "dbus.service"},
+     "io.syntrop.inference.lease-others"),
+    ("Inference1", "AcquireLease", {**LEASE, "priority": "Batch", "pid": 1},
+     "io.syntrop.inference.lease-others"),
+    ("Inference1", "AcquireLease", {**LEASE, "priority": "EmergencyTriage"},
+     "io.syntrop.inference.emergency"),
+    ("Inference1", "RegisterModel", {"id": "passwd", "format": "gguf", "path": "/etc/passwd",
+                                     "estimated_bytes": 4096}, "io.syntrop.model.manage"),
+    ("Inference1", "Quarantine", {"plane": "cpu", "reason": "test"},
+     "io.syntrop.inference.manage"),
+    ("Sentry1", "Triage", {"unit": "cron.service"}, "io.syntrop.sentry.triage"),
+    ("Sentry1", "ResetBreaker", {"unit": "cron.service"}, "io.syntrop.sentry.triage"),
+    ("Router1", "Reload", {}, "io.syntrop.router.manage"),
+    ("Router1", "TestProvider", {"provider": "runtimed-local"}, "io.syntrop.router.manage"),
+    ("Runtime1", "Unload", {}, "io.syntrop.runtime.manage"),
+    ("Model1", "Remove", {"name": "nosuch"}, "io.syntrop.model.manage"),
+    ("Model1", "Prune", {"budget_bytes": 0}, "io.syntrop.model.manage"),
+    ("Tool1", "Execute", {"tool": "unit_restart", "parameters": {"unit": "cron.service"}},
+     "io.syntrop.tool.execute"),
+]
+
+
+@pytest.mark.parametrize(("interface", "method", "parameters", "action"), NOBODY_REFUSED,
+                         ids=[f"{i}.{m}-{n}" for n, (i, m, _, _) in enumerate(NOBODY_REFUSED)])
+def test_nobody_is_refused_every_privileged_method(
+        authz: Instance, interface: str, method: str, parameters: dict[str, Any],
+        action: str) -> None:
+    reply = as_user(authz, "nobody", f"io.syntrop.{interface}", method, **parameters)
+    assert refused(reply, interface, action), reply
+
+
+def test_a_lease_nobody_takes_on_dbus_never_freezes_it(authz: Instance) -> None:
+    as_user(authz, "nobody", "io.syntrop.Inference1", "AcquireLease",
+            **LEASE, priority="Batch", unit="dbus.service")
+    leases = authz.call("io.syntrop.Inference1", "ListLeases")["leases"]
+    assert not [lease for lease in leases if lease.get("unit") == "dbus.service"], leases
+    assert authz.show("dbus.service", "FreezerState")["FreezerState"] == "running"
+    models = authz.call("io.syntrop.Inference1", "ListModels")["models"]
+    assert "passwd" not in [m["id"] for m in models]
+
+
+def test_nobody_may_lease_for_itself(authz: Instance) -> None:
+    """No pid, no unit: the lease is the caller's own, and so is releasing it."""
+    reply = as_user(authz, "nobody", "io.syntrop.Inference1", "AcquireLease",
+                    **LEASE, priority="Batch")
+    assert "error" not in reply, reply
+    lease = reply["parameters"]["lease_id"]
+    # The calling process has exited: inferenced releases the lease itself,
+    # or nobody's Release finds it gone; root sees it go either way.
+    listed = [x["lease_id"] for x in authz.call("io.syntrop.Inference1", "ListLeases")["leases"]]
+    if lease in listed:
+        authz.call("io.syntrop.Inference1", "ReleaseLease", lease_id=lease)
+
+
+def test_someone_elses_lease_cannot_be_frozen_or_released(authz: Instance) -> None:
+    lease = authz.call("io.syntrop.Inference1", "AcquireLease", **LEASE, priority="Batch",
+                       unit="cron.service")["lease_id"]
+    try:
+        for method in ("Freeze", "ReleaseLease", "Yield"):
+            reply = as_user(authz, "nobody", "io.syntrop.Inference1", method, lease_id=lease)
+            assert refused(reply, "Inference1", "io.syntrop.inference.lease-others"), reply
+        [listed] = [x for x in authz.call("io.syntrop.Inference1", "ListLeases")["leases"]
+                    if x["lease_id"] == lease]
+        assert listed["state"] == "active"
+    finally:
+        authz.call("io.syntrop.Inference1", "ReleaseLease", lease_id=lease)
+
+
+def test_an_operator_gets_the_operator_actions_and_no_more(authz: Instance) -> None:
+    """polkit's rule for the syntrop group: sentry, routerd, modeld and
+    runtimed's operator actions pass (the method then answers as it would
+    for root); leasing for others and emergency leases stay refused."""
+    reset = as_user(authz, OPERATOR, "io.syntrop.Sentry1", "ResetBreaker", unit="cron.service")
+    assert "error" not in reset, reset
+    pin = as_user(authz, OPERATOR, "io.syntrop.Model1", "Pin", name="nosuch")
+    assert pin.get("error") == "io.syntrop.Model1.ModelNotFound", pin
+    unload = as_user(authz, OPERATOR, "io.syntrop.Runtime1", "Unload")
+    assert "error" not in unload, unload
+    emergency = as_user(authz, OPERATOR, "io.syntrop.Inference1", "AcquireLease",
+                        **LEASE, priority="EmergencyTriage")
+    assert refused(emergency, "Inference1", "io.syntrop.inference.emergency"), emergency
+    others = as_user(authz, OPERATOR, "io.syntrop.Inference1", "AcquireLease",
+                     **LEASE, priority="Batch", pid=1)
+    assert refused(others, "Inference1", "io.syntrop.inference.lease-others"), others
+    tool = as_user(authz, OPERATOR, "io.syntrop.Tool1", "Execute", tool="unit_restart",
+                   parameters={"unit": "cron.service"})
+    assert refused(tool, "Tool1", "io.syntrop.tool.execute"), tool
