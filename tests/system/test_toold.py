@@ -116,6 +116,40 @@ def test_revert_dropin_repairs_a_unit_broken_by_a_bad_dropin(probe: Instance) ->
     assert record["details"]["snapshot_id"] > 0
 
 
+def test_a_revert_toold_is_killed_in_is_finished_not_undone(probe: Instance) -> None:
+    """toold killed -9 after a revert wrote the drop-ins, before it finished:
+    the next revert_dropin finishes it (reload, restart, watch) instead of
+    taking toold's own write for the change to undo and writing the bad
+    drop-in back."""
+    path = f"{DROPINS}/50-bad.conf"
+    probe.write(path, BAD)
+    wait_until("contextd recorded the drop-in", lambda: _contextd_saw(probe, path, "created"), 10)
+    probe.systemctl("daemon-reload")
+    probe.systemctl("restart", UNIT, check=False)
+    probe.wait_for_unit(UNIT, ActiveState="failed")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(execute, probe, "revert_dropin", unit=UNIT)
+        # The write is done once the drop-in is gone; toold then restarts
+        # the unit and watches it for its health window (2 s here).
+        wait_until("the revert wrote", lambda: not probe.host_path(path).exists(), 20)
+        probe.systemctl("kill", "--signal=KILL", "toold.service")
+        with pytest.raises(Exception):  # noqa: B017 - the connection is lost, however it shows
+            first.result(timeout=30)
+    wait_until("toold is gone", lambda: probe.show("toold.service", "ActiveState")[
+        "ActiveState"] in ("failed", "inactive"), 20)
+    probe.systemctl("reset-failed", "toold.service", check=False)
+
+    again = execute(probe, "revert_dropin", unit=UNIT)
+    assert again["outcome"] == "succeeded", again
+    assert "stopped in" in again["details"]["source"], again["details"]
+    assert not probe.host_path(path).exists(), "the bad drop-in was written back"
+    assert probe.show(UNIT, "ActiveState")["ActiveState"] == "active"
+    records = call(probe, "GetAudit", unit=UNIT, limit=2)["records"]
+    assert [r["outcome"] for r in records] == ["interrupted", "succeeded"], records
+    assert f"action {again['action_id']} finishes it" in records[0]["message"]
+
+
 def test_a_revert_that_makes_things_worse_is_rolled_back(probe: Instance) -> None:
     path = f"{DROPINS}/50-edit.conf"
     probe.write(path, BAD)  # version 1: breaks the unit (never applied)

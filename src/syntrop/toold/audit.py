@@ -26,7 +26,7 @@ MAX_MESSAGE = 2048
 _APPEND_ONLY = [
     f"CREATE TRIGGER IF NOT EXISTS {table}_no_{verb} BEFORE {verb.upper()} ON {table}"
     " BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END"
-    for table in ("requests", "outcomes", "snapshots")
+    for table in ("requests", "outcomes", "snapshots", "intents")
     for verb in ("update", "delete")
 ]
 
@@ -64,6 +64,17 @@ MIGRATIONS = [
         entries TEXT NOT NULL
     );
     CREATE INDEX snapshots_dir ON snapshots (directory, id);
+    """,
+    # What a revert is about to write, before it writes: a toold killed
+    # mid-revert is finished from this by the next revert of the directory,
+    # never undone as if its own half-write were the previous version.
+    """
+    CREATE TABLE intents (
+        action_id INTEGER PRIMARY KEY REFERENCES requests (id),
+        directory TEXT NOT NULL,
+        target TEXT NOT NULL
+    );
+    CREATE INDEX intents_dir ON intents (directory, action_id);
     """,
 ]
 
@@ -202,6 +213,27 @@ class Audit:
             return [(row[0], json.loads(row[1])) for row in c.execute(
                 "SELECT id, entries FROM snapshots WHERE directory = ? ORDER BY id DESC LIMIT ?",
                 (directory, limit))]
+
+        return await self.db.run(select)
+
+    async def intend(self, *, action_id: int, directory: str, target: list[Any]) -> None:
+        def insert(c: sqlite3.Connection) -> None:
+            c.execute("INSERT INTO intents (action_id, directory, target) VALUES (?, ?, ?)",
+                      (action_id, directory, json.dumps(target, sort_keys=True)))
+
+        await self.db.run(insert)
+
+    async def interrupted(self, directory: str) -> tuple[int, list[Any]] | None:
+        """The latest intent on `directory` whose action never finished:
+        (action id, the entries it meant to leave)."""
+
+        def select(c: sqlite3.Connection) -> tuple[int, list[Any]] | None:
+            row = c.execute(
+                "SELECT i.action_id, i.target FROM intents i"
+                " LEFT JOIN outcomes o ON o.action_id = i.action_id"
+                " WHERE i.directory = ? AND o.action_id IS NULL"
+                " ORDER BY i.action_id DESC LIMIT 1", (directory,)).fetchone()
+            return (int(row[0]), json.loads(row[1])) if row else None
 
         return await self.db.run(select)
 

@@ -143,3 +143,28 @@ def test_a_prepare_that_fails_unexpectedly_leaves_the_unit_free_and_is_audited(
     rows = asyncio.run(tool.audit.rows(limit=2))
     assert [(r.decision, r.error) for r in rows] == [("refused", "io.syntrop.Tool1.UnsafePath")] * 2
     asyncio.run(tool.aclose())
+
+
+def test_an_intent_without_an_outcome_is_the_interrupted_revert(tmp_path: Path) -> None:
+    """toold killed between writing a revert and finishing it leaves an
+    intent with no outcome; once another action closes it, it is gone."""
+    audit = Audit(tmp_path / "a.db")
+    directory = "/etc/systemd/system/a.service.d"
+
+    async def go() -> list[object]:
+        seen: list[object] = []
+        first = await audit.request(now_usec=1, uid=0, pid=1, tool="revert_dropin",
+                                    unit="a.service", parameters={}, dry_run=False,
+                                    decision="allowed")
+        seen.append(await audit.interrupted(directory))
+        await audit.intend(action_id=first, directory=directory,
+                           target=[{"name": "10-good.conf"}])
+        seen.append(await audit.interrupted(directory))
+        seen.append(await audit.interrupted("/etc/systemd/system/b.service.d"))
+        await audit.outcome(first, now_usec=2, sandbox=[], outcome="interrupted",
+                            message="finished by action 2")
+        seen.append(await audit.interrupted(directory))
+        return seen
+
+    assert asyncio.run(go()) == [None, (1, [{"name": "10-good.conf"}]), None, None]
+    audit.close()

@@ -69,9 +69,19 @@ class RevertDropin(Tool):
                                 path=os.path.dirname(directory), reason="not a real directory")
         ctx.layers()
         state = await ctx.unit_state(unit)
-        target, source = await self._previous(directory, current, ctx)
-        if target is None:
-            raise errors.NoPrevious(f"{unit}: {source}", unit=unit, reason=source)
+        pending = await ctx.audit.interrupted(directory)
+        if pending is not None:
+            # A revert toold was stopped in: its own writes are in contextd's
+            # history and its snapshot, and neither is "the previous
+            # version". Finish what it meant to write.
+            interrupted, target = pending
+            source = f"the revert toold was stopped in (action {interrupted}), finished"
+        else:
+            interrupted = None
+            found, source = await self._previous(directory, current, ctx)
+            if found is None:
+                raise errors.NoPrevious(f"{unit}: {source}", unit=unit, reason=source)
+            target = found
         change = dropins.changes(current, target)
         window = float(args.get("health_window_sec", ctx.config.health_window))
         writes = dropins.describe(change)
@@ -88,6 +98,7 @@ class RevertDropin(Tool):
         return Plan(steps=steps, unit=unit, sandboxed=True, data={
             "directory": directory, "exists": exists, "current": current, "change": change,
             "source": source, "before": state, "window": window, "writes": writes,
+            "target": target, "interrupted": interrupted,
         })
 
     async def _previous(self, directory: str, current: list[dropins.Entry], ctx: Context
@@ -144,6 +155,13 @@ class RevertDropin(Tool):
         snapshot = await ctx.audit.snapshot(action_id=ctx.action_id, unit=unit,
                                             directory=plan.data["directory"],
                                             now_usec=now_usec(), entries=current)
+        await ctx.audit.intend(action_id=ctx.action_id, directory=plan.data["directory"],
+                               target=plan.data["target"])
+        if plan.data["interrupted"] is not None:
+            await ctx.audit.outcome(plan.data["interrupted"], now_usec=now_usec(), sandbox=[],
+                                    outcome="interrupted",
+                                    message=f"toold stopped during it; action {ctx.action_id} "
+                                            "finishes it")
         details: dict[str, Any] = {"snapshot_id": snapshot, "source": plan.data["source"],
                                    "changed": plan.data["writes"],
                                    "before": before.active_state}
