@@ -19,7 +19,13 @@ directly (non-streamed, and time to the first SSE chunk streamed) on
 keep-alive connections; then --clients client processes send --requests
 requests for requests/s and the RSS after them.
 
+With --concurrent N (default 400), N keep-alive connections at once, each
+sending --each requests: the statuses they got (everything but 200 must be
+a declared 503) and the proxy's peak RSS, sampled every 20 ms, against
+routerd's MemoryHigh=24M.
+
     python bench/bench_routerd.py [--samples 1000] [--requests 10000] [--clients 4]
+                                  [--concurrent 400] [--each 20]
 """
 
 import argparse
@@ -187,6 +193,65 @@ def _load(port: int, count: int, results: "multiprocessing.Queue[int]") -> None:
     results.put(count)
 
 
+def _concurrent(port: int, pid: int, clients: int, each: int) -> tuple[dict[int, int], float]:
+    """`clients` connections at once, `each` requests on each (reconnecting
+    after a 503, which closes): statuses counted, and the peak RSS of `pid`."""
+    import asyncio
+    import collections
+    import threading
+
+    statuses: collections.Counter[int] = collections.Counter()
+    peak = [_rss_mib(pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], _rss_mib(pid))
+
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+               b"content-type: application/json\r\nauthorization: Bearer " + KEY.encode()
+               + b"\r\ncontent-length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+
+    async def one() -> None:
+        sent = 0
+        while sent < each:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                statuses[0] += 1
+                sent += 1
+                continue
+            try:
+                while sent < each:
+                    writer.write(request)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status = int(head.split(b" ", 2)[1])
+                    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:"))
+                    await reader.readexactly(length)
+                    statuses[status] += 1
+                    sent += 1
+                    if b"connection: close" in head.lower():
+                        break
+            except (OSError, asyncio.IncompleteReadError, ValueError, StopIteration):
+                statuses[-1] += 1  # the connection failed without an answer
+                sent += 1
+            finally:
+                writer.close()
+
+    async def run() -> None:
+        await asyncio.gather(*(one() for _ in range(clients)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        asyncio.run(run())
+    finally:
+        done.set()
+        sampler.join()
+    return dict(statuses), max(peak[0], _rss_mib(pid))
+
+
 def _percentiles(times: list[float]) -> tuple[float, float]:
     ordered = sorted(times)
     return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99)] * 1000
@@ -276,6 +341,8 @@ def measure(name: str, up_port: int, args: argparse.Namespace,
             for client in clients:
                 client.join()
             after = _rss_mib(process.pid)
+            statuses, peak = _concurrent(port, process.pid, args.concurrent, args.each) \
+                if args.concurrent else ({}, 0.0)
         finally:
             process.terminate()
             try:
@@ -287,12 +354,17 @@ def measure(name: str, up_port: int, args: argparse.Namespace,
            "served": 100 + 2 * args.samples + total + 1,
            "added_p50": plain[0] - direct[0], "added_p99": plain[1] - direct[1],
            "added_s_p50": streamed[0] - direct_s[0], "added_s_p99": streamed[1] - direct_s[1],
-           "rps": total / elapsed, "cpu_us": cpu_per_request * 1e6}
+           "rps": total / elapsed, "cpu_us": cpu_per_request * 1e6, "peak": peak}
     print(f"{name:8} first 200 {row['first_200_ms']:7.0f} ms | added p50/p99 "
           f"{row['added_p50']:.3f}/{row['added_p99']:.3f} ms, first chunk "
           f"{row['added_s_p50']:.3f}/{row['added_s_p99']:.3f} ms | {row['rps']:6.0f} req/s "
           f"({args.clients} clients) | CPU {row['cpu_us']:5.0f} us/req | RSS idle "
           f"{idle:.1f} MiB, after {int(row['served'])} requests {after:.1f} MiB", flush=True)
+    if args.concurrent:
+        shown = ", ".join(f"{'no answer' if code < 0 else 'refused' if code == 0 else code}: "
+                          f"{count}" for code, count in sorted(statuses.items()))
+        print(f"{name:8} {args.concurrent} connections at once x {args.each}: {shown}; "
+              f"peak RSS {peak:.1f} MiB (MemoryHigh 24 MiB)", flush=True)
     return row
 
 
@@ -303,6 +375,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10000,
                         help="requests of the throughput phase (RSS is read after them)")
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--concurrent", type=int, default=400,
+                        help="connections at once in the last phase (0: skip it)")
+    parser.add_argument("--each", type=int, default=20, help="requests per connection there")
     parser.add_argument("--only", nargs="*", default=["minimal", "routerd", "litellm"])
     args = parser.parse_args()
     up_port = _free_port()

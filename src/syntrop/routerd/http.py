@@ -36,6 +36,8 @@ class HTTPServer:
         self.servers: list[asyncio.Server] = []
         self.addresses: list[str] = []
         self.connections = 0
+        #: Connections answered 503 for being over max_connections.
+        self.refused = 0
         #: Set by every connection; cleared by RouterService.keep_alive.
         self.active = False
 
@@ -167,11 +169,28 @@ class HTTPServer:
         writer.write(out + (conn.send(h11.EndOfMessage()) or b""))
         await writer.drain()
 
+    async def _refuse(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        """Over `max_connections`: read the request head (closing unread
+        input would reset the connection before the client sees why), answer
+        503 and close. The body, if any, is not read."""
+        self.refused += 1
+        with contextlib.suppress(TimeoutError, h11.RemoteProtocolError):
+            async with asyncio.timeout(self.config.header_timeout or None):
+                event = await self._next(conn, reader)
+            if isinstance(event, h11.Request):
+                await self._send(conn, writer, error(
+                    503, f"over {self.config.max_connections} connections at once; retry",
+                    "server_overloaded"), True)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.active = True
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         try:
+            if self.connections > self.config.max_connections:
+                await self._refuse(conn, reader, writer)
+                return
             while True:
                 try:
                     got = await self._read_request(conn, reader)
