@@ -136,9 +136,7 @@ def test_a_revert_toold_is_killed_in_is_finished_not_undone(probe: Instance) -> 
         probe.systemctl("kill", "--signal=KILL", "toold.service")
         with pytest.raises(Exception):  # noqa: B017 - the connection is lost, however it shows
             first.result(timeout=30)
-    wait_until("toold is gone", lambda: probe.show("toold.service", "ActiveState")[
-        "ActiveState"] in ("failed", "inactive"), 20)
-    probe.systemctl("reset-failed", "toold.service", check=False)
+    probe.systemctl("reset-failed", "toold.service", check=False)  # no start limit left over
 
     again = execute(probe, "revert_dropin", unit=UNIT)
     assert again["outcome"] == "succeeded", again
