@@ -226,14 +226,19 @@ def _concurrent(port: int, pid: int, clients: int, each: int) -> tuple[dict[int,
                     writer.write(request)
                     head = await reader.readuntil(b"\r\n\r\n")
                     status = int(head.split(b" ", 2)[1])
-                    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length:"))
-                    await reader.readexactly(length)
+                    lengths = [int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")]
+                    if lengths:
+                        await reader.readexactly(lengths[0])
+                    else:  # chunked
+                        while (size := int((await reader.readuntil(b"\r\n")).strip(), 16)):
+                            await reader.readexactly(size + 2)
+                        await reader.readuntil(b"\r\n")
                     statuses[status] += 1
                     sent += 1
                     if b"connection: close" in head.lower():
                         break
-            except (OSError, asyncio.IncompleteReadError, ValueError, StopIteration):
+            except (OSError, asyncio.IncompleteReadError, ValueError):
                 statuses[-1] += 1  # the connection failed without an answer
                 sent += 1
             finally:

@@ -50,7 +50,7 @@ class Config:
     max_body_bytes: int = 1 << 20
     #: Client connections served at once; one more is answered 503 and
     #: closed (each holds buffers: this keeps routerd inside MemoryHigh).
-    max_connections: int = 128
+    max_connections: int = 64
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     default_model: str | None = None
@@ -194,7 +194,7 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         tls_cert=tls_files["tls_cert"], tls_key=tls_files["tls_key"],
         tls_client_ca=tls_files["tls_client_ca"],
         max_body_bytes=int(_number(http, "max_body_bytes", 1 << 20, path)),
-        max_connections=max(1, int(_number(http, "max_connections", 128, path))),
+        max_connections=max(1, int(_number(http, "max_connections", 64, path))),
         header_timeout=_number(http, "header_timeout", 10.0, path),
         body_timeout=_number(http, "body_timeout", 30.0, path),
         default_model=default,
