@@ -180,11 +180,6 @@ class _Connection:
             self._on_eof()
             return
         self.inbuf += data
-        if not self.server.account(self, len(self.inbuf)):
-            logger.info("connection from pid %d uid %d: buffered input over its cap, closing",
-                        self.peer.pid, self.peer.uid)
-            self.close()
-            return
         self._process()
 
     def _on_eof(self) -> None:
@@ -220,7 +215,6 @@ class _Connection:
                 return
             message = self.inbuf[:end]
             del self.inbuf[: end + 1]
-            self.server.account(self, len(self.inbuf))
             fds, self.infds = self.infds, []
             self._dispatch(message, fds)
         if self.task is not None:
@@ -230,7 +224,15 @@ class _Connection:
         self._arm_partial()
 
     def _arm_partial(self) -> None:
-        """A timer while a message is unfinished; none otherwise."""
+        """After input was read or consumed: account what is left unfinished
+        (closing the connection when that is over its uid's or the daemon's
+        cap), and keep a timer while a message is unfinished."""
+        if len(self.inbuf) != self.accounted and not self.closed and \
+                not self.server.account(self, len(self.inbuf)):
+            logger.info("connection from pid %d uid %d: buffered input over its cap, closing",
+                        self.peer.pid, self.peer.uid)
+            self.close()
+            return
         if self.inbuf and not self.closed:
             if self.partial_timer is None:
                 self.partial_timer = self.loop.call_later(
