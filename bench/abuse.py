@@ -161,6 +161,18 @@ def partial(path: str, pid: int) -> tuple[float, float, int]:
     return idle, peak, cut
 
 
+def _still_open(socks: list[socket.socket]) -> int:
+    """Feed each a byte; how many took it."""
+    alive = 0
+    for sock in socks:
+        try:
+            sock.sendall(b" ")
+            alive += 1
+        except OSError:
+            pass
+    return alive
+
+
 def slowloris(paths: dict[str, str], per_daemon: int = 100) -> dict[str, tuple[int, float]]:
     """Open, feed a byte a second, and time how long until each daemon has
     closed them all: name → (still open at the deadline, seconds taken)."""
@@ -172,27 +184,14 @@ def slowloris(paths: dict[str, str], per_daemon: int = 100) -> dict[str, tuple[i
         for name, socks in conns.items():
             if name in done:
                 continue
-            alive = 0
-            for sock in socks:
-                try:
-                    sock.sendall(b" ")
-                    alive += 1
-                except OSError:
-                    pass
-            if alive == 0:
+            if _still_open(socks) == 0:
                 done[name] = time.monotonic() - started
         time.sleep(1)
     result = {}
     for name, socks in conns.items():
-        still = 0
+        result[name] = (_still_open(socks), done.get(name, time.monotonic() - started))
         for sock in socks:
-            try:
-                sock.sendall(b" ")
-                still += 1
-            except OSError:
-                pass
             sock.close()
-        result[name] = (still, done.get(name, time.monotonic() - started))
     return result
 
 

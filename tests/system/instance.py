@@ -556,6 +556,41 @@ class Instance:
         self.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", inside], input=text)
 
 
+#: One raw Varlink call on a daemon's socket inside the instance, as whoever
+#: runs it (setpriv): argv interface, method, parameters as JSON; prints the
+#: reply, error or not, as one JSON line.
+RAW_CALL = r"""
+import json, socket, sys
+interface, method, parameters = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect("/run/syntrop/" + interface)
+s.sendall(json.dumps({"method": f"{interface}.{method}", "parameters": parameters}).encode()
+          + b"\0")
+reply = b""
+while not reply.endswith(b"\0"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    reply += chunk
+print(reply.rstrip(b"\0").decode())
+"""
+
+
+def call_as(instance: "Instance", ids: Sequence[str], interface: str, method: str,
+            **parameters: Any) -> dict[str, Any]:
+    """RAW_CALL as `ids` (setpriv's --reuid/--regid/groups options): the
+    reply as a dict, {"error": ...} included."""
+    import json
+
+    out = instance.run(["setpriv", *ids, "/usr/bin/python3", "-c", RAW_CALL, interface, method,
+                        json.dumps(parameters)], timeout=60).stdout
+    return dict(json.loads(out))
+
+
+NOBODY = ("--reuid=65534", "--regid=65534", "--clear-groups")
+
+
 def pull_into_modeld(instance: Instance, path: Path, name: str) -> str:
     """`syn pull PATH --name NAME` inside the instance: its syn reads the
     file and hands modeld a descriptor. A file outside the checkout (which

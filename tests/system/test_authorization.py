@@ -7,33 +7,14 @@ Each refusal must be the interface's declared NotAuthorized naming the
 polkit action, and must change nothing: dbus.service is not frozen by a
 lease nobody took on it, no breaker is reset, no model is registered."""
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.system.instance import Instance
+from tests.system.instance import NOBODY, Instance, call_as
 
 OPERATOR = "syntrop-op"
-#: One raw Varlink call on the daemon's socket, as whoever runs it; prints
-#: the reply (or the error) as one JSON line.
-RAW = r"""
-import json, socket, sys
-interface, method, parameters = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(30)
-s.connect("/run/syntrop/" + interface)
-s.sendall(json.dumps({"method": f"{interface}.{method}", "parameters": parameters}).encode()
-          + b"\0")
-reply = b""
-while not reply.endswith(b"\0"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    reply += chunk
-print(reply.rstrip(b"\0").decode())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +30,11 @@ def authz(instance: Instance) -> Iterator[Instance]:
 def as_user(instance: Instance, user: str, interface: str, method: str,
             **parameters: Any) -> dict[str, Any]:
     if user == "nobody":
-        ids = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+        ids: tuple[str, ...] = NOBODY
     else:
         uid, gid = instance.run(["sh", "-c", f"id -u {user}; id -g {user}"]).stdout.split()
-        ids = [f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
-    out = instance.run(["setpriv", *ids,
-                        "/usr/bin/python3", "-c", RAW, interface, method,
-                        json.dumps(parameters)], timeout=60).stdout
-    return dict(json.loads(out))
+        ids = (f"--reuid={uid}", f"--regid={gid}", "--init-groups")
+    return call_as(instance, ids, interface, method, **parameters)
 
 
 def refused(reply: dict[str, Any], interface: str, action: str) -> bool:
@@ -64,7 +42,7 @@ def refused(reply: dict[str, Any], interface: str, action: str) -> bool:
         reply.get("parameters") == {"action": action}
 
 
-LEASE = {"memory_bytes": 1 << 20, "plane": "cpu"}
+LEASE: dict[str, Any] = {"memory_bytes": 1 << 20, "plane": "cpu"}
 
 # (interface, method, parameters, the action it needs)
 NOBODY_REFUSED = [

@@ -9,7 +9,6 @@ is rolled back automatically; unit_restart of a failed unit reports the job
 result; an unauthorized uid is refused."""
 
 import concurrent.futures
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.system.instance import Instance, wait_until
+from tests.system.instance import NOBODY, Instance, call_as, wait_until
 
 NAME = "io.syntrop.Tool1"
 CONTEXT = "io.syntrop.Context1"
@@ -86,13 +85,19 @@ def _contextd_saw(instance: Instance, path: str, action: str) -> bool:
     return any(e.get("path") == path and e.get("action") == action for e in events)
 
 
-def test_revert_dropin_repairs_a_unit_broken_by_a_bad_dropin(probe: Instance) -> None:
+def _broken(probe: Instance) -> str:
+    """The probe unit failed by a bad drop-in contextd has seen; its path."""
     path = f"{DROPINS}/50-bad.conf"
     probe.write(path, BAD)
     wait_until("contextd recorded the drop-in", lambda: _contextd_saw(probe, path, "created"), 10)
     probe.systemctl("daemon-reload")
     probe.systemctl("restart", UNIT, check=False)
     probe.wait_for_unit(UNIT, ActiveState="failed")
+    return path
+
+
+def test_revert_dropin_repairs_a_unit_broken_by_a_bad_dropin(probe: Instance) -> None:
+    path = _broken(probe)
 
     dry = call(probe, "Execute", tool="revert_dropin", parameters={"unit": UNIT}, dry_run=True)
     assert dry["outcome"] == "not_run"
@@ -121,12 +126,7 @@ def test_a_revert_toold_is_killed_in_is_finished_not_undone(probe: Instance) -> 
     the next revert_dropin finishes it (reload, restart, watch) instead of
     taking toold's own write for the change to undo and writing the bad
     drop-in back."""
-    path = f"{DROPINS}/50-bad.conf"
-    probe.write(path, BAD)
-    wait_until("contextd recorded the drop-in", lambda: _contextd_saw(probe, path, "created"), 10)
-    probe.systemctl("daemon-reload")
-    probe.systemctl("restart", UNIT, check=False)
-    probe.wait_for_unit(UNIT, ActiveState="failed")
+    path = _broken(probe)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(execute, probe, "revert_dropin", unit=UNIT)
@@ -218,27 +218,10 @@ def test_an_unknown_unit_and_a_denied_unit_are_refused(toold: Instance) -> None:
     assert error_of(toold, "unit_restart", unit="toold.service")[0] == f"{NAME}.UnitNotAllowed"
 
 
-RAW_CALL = r"""
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect("/run/syntrop/io.syntrop.Tool1")
-s.sendall(json.dumps({"method": "io.syntrop.Tool1.Execute", "parameters": {
-    "tool": "unit_restart", "parameters": {"unit": sys.argv[1]}}}).encode() + b"\0")
-reply = b""
-while not reply.endswith(b"\0"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    reply += chunk
-print(reply.rstrip(b"\0").decode())
-"""
-
-
 def test_an_unauthorized_uid_is_refused(probe: Instance) -> None:
     started = probe.show(UNIT, "ExecMainStartTimestampMonotonic")
-    out = probe.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                     "/usr/bin/python3", "-c", RAW_CALL, UNIT]).stdout
-    reply = json.loads(out)
+    reply = call_as(probe, NOBODY, NAME, "Execute", tool="unit_restart",
+                    parameters={"unit": UNIT})
     assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     assert probe.show(UNIT, "ExecMainStartTimestampMonotonic") == started
     record = call(probe, "GetAudit", unit=UNIT, limit=1)["records"][-1]

@@ -103,13 +103,16 @@ class BlobTree:
         """by-name/<name>/<tag>.<format> → the blob, replaced atomically."""
         target = self.name_path(name, tag, format)
         target.parent.mkdir(exist_ok=True)
+        blob = self.path(digest)
+        with contextlib.suppress(OSError):
+            if os.path.samefile(blob, target):
+                return  # already this blob: rename(2) onto the same inode would keep both names
         temporary = target.parent / f".{tag}.{secrets.token_hex(4)}.tmp"
-        os.link(self.path(digest), temporary)
+        os.link(blob, temporary)
         try:
             os.replace(temporary, target)
-        except BaseException:
-            files.unlink_quietly(temporary)
-            raise
+        finally:
+            files.unlink_quietly(temporary)  # left only when the rename was a no-op or failed
 
     def unlink_name(self, name: str, tag: str, format: str) -> None:
         path = self.name_path(name, tag, format)

@@ -118,3 +118,24 @@ def test_a_stored_blob_is_0444_under_the_unit_s_umask(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert blobs.path("0" * 64).stat().st_mode & 0o777 == 0o444
+
+
+def test_linking_a_name_to_the_blob_it_already_names_leaves_no_temporary(
+        tmp_path: Path) -> None:
+    """A re-pull of an existing name relinks it: rename(2) onto the same
+    inode does nothing, and used to leave `.tag.XXXX.tmp` behind each time."""
+    from syntrop.modeld.blobs import BlobTree
+
+    blobs = BlobTree(tmp_path)
+    for digest, content in (("1" * 64, b"one"), ("2" * 64, b"two")):
+        fd = files.open_anonymous(blobs.blobs)
+        assert fd is not None
+        try:
+            os.write(fd, content)
+            assert blobs.link_anonymous(fd, digest)
+        finally:
+            os.close(fd)
+    for digest in ("1" * 64, "1" * 64, "2" * 64, "2" * 64, "1" * 64):
+        blobs.link_name("m", "latest", "gguf", digest)
+    assert sorted(p.name for p in (blobs.by_name / "m").iterdir()) == ["latest.gguf"]
+    assert blobs.name_path("m", "latest", "gguf").read_bytes() == b"one"
