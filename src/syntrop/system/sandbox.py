@@ -155,10 +155,11 @@ def namespace_arguments() -> list[str]:
 
 
 def command(module: str, writable: list[str], *, layers: Layers,
-            bwrap: str = BWRAP, python: str | None = None) -> list[str]:
+            bwrap: str = BWRAP, python: str | None = None,
+            fds: dict[str, int] | None = None) -> list[str]:
     """The argv that runs `python -I -m module` with `writable` bound
-    read-write (each must be a real directory, not a symlink: bubblewrap
-    follows symlinks in a bind source, so callers check first)."""
+    read-write: by descriptor where `fds` has one for the path (see
+    `open_writable`), else by path."""
     interpreter = python or sys.executable
     inner = [interpreter, "-I", "-m", module]
     if not layers.bubblewrap:
@@ -170,8 +171,36 @@ def command(module: str, writable: list[str], *, layers: Layers,
     for path in _code_paths(interpreter):
         argv += ["--ro-bind", path, path]
     for path in writable:
-        argv += ["--bind", path, path]
+        if fds and path in fds:
+            argv += ["--bind-fd", str(fds[path]), path]
+        else:
+            argv += ["--bind", path, path]
     return [*argv, "--", *inner]
+
+
+def open_writable(writable: list[str]) -> dict[str, int]:
+    """Each writable path as an O_PATH descriptor of the directory it is now.
+
+    bubblewrap follows symlinks in a `--bind` source, so a directory checked
+    a moment earlier could be swapped for a symlink before it is bound. The
+    descriptor is taken without following the last component and compared
+    with the path it resolves to; bubblewrap then binds the descriptor
+    (`--bind-fd`), never the path again. Raises SandboxError."""
+    fds: dict[str, int] = {}
+    try:
+        for path in writable:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as error:
+                raise SandboxError(f"{path}: not a real directory ({error.strerror})") from None
+            fds[path] = fd
+            if os.readlink(f"/proc/self/fd/{fd}") != os.path.normpath(path):
+                raise SandboxError(f"{path}: a symlink lies on its way")
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds
 
 
 def _code_paths(interpreter: str) -> list[str]:
@@ -196,9 +225,20 @@ async def run(module: str, request: dict[str, Any], *, writable: list[str], laye
               timeout: float = 30) -> dict[str, Any]:
     """Start the child, send `request` (with the layers to apply added),
     return its JSON reply. Raises SandboxError."""
+    fds = open_writable(writable) if layers.bubblewrap else {}
+    try:
+        return await _run(module, request, writable, layers, bwrap, python, timeout, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+async def _run(module: str, request: dict[str, Any], writable: list[str], layers: Layers,
+               bwrap: str, python: str | None, timeout: float,
+               fds: dict[str, int]) -> dict[str, Any]:
     import asyncio  # here: the child imports this module and needs no event loop
 
-    argv = command(module, writable, layers=layers, bwrap=bwrap, python=python)
+    argv = command(module, writable, layers=layers, bwrap=bwrap, python=python, fds=fds)
     document = {**request, "writable": writable,
                 "layers": {"landlock": layers.landlock, "seccomp": layers.seccomp}}
     env = None if layers.bubblewrap else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -207,6 +247,7 @@ async def run(module: str, request: dict[str, Any], *, writable: list[str], laye
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+            pass_fds=tuple(fds.values()),
         )
     except OSError as error:
         raise SandboxError(f"cannot start {argv[0]}: {error.strerror or error}") from None
