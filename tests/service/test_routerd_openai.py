@@ -91,6 +91,71 @@ def test_streaming_chat(node: Node) -> None:
     assert len({c.id for c in chunks}) == 1
 
 
+CITY = {"type": "object", "additionalProperties": False,
+        "required": ["city", "population"],
+        "properties": {"city": {"type": "string", "maxLength": 24},
+                       "population": {"type": "integer", "minimum": 0,
+                                      "maximum": 100_000_000}}}
+
+
+def test_json_schema_output_validates_every_time_at_temperature_1(node: Node) -> None:
+    """response_format json_schema becomes runtimed's constraint: 50 tries at
+    temperature 1, streamed and not, every answer valid against the schema."""
+    import jsonschema
+
+    client = _client(node)
+    for attempt in range(50):
+        arguments: dict[str, Any] = dict(
+            model="smollm2", max_tokens=64, temperature=1.0, seed=attempt,
+            messages=[{"role": "user", "content": "Name a large city and its population."}],
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "city", "strict": True, "schema": CITY}})
+        if attempt % 5 == 4:
+            text = "".join(c.choices[0].delta.content or "" for c in
+                           client.chat.completions.create(stream=True, **arguments)
+                           if c.choices)
+        else:
+            text = client.chat.completions.create(**arguments).choices[0].message.content or ""
+        jsonschema.validate(json.loads(text), CITY)
+
+
+def test_json_object_output_is_an_object(node: Node) -> None:
+    """json_object has no bound on its length: an answer that ends ("stop")
+    is one JSON object; one cut by max_tokens is OpenAI's "length"."""
+    answer = _client(node).chat.completions.create(
+        model="smollm2", max_tokens=128, temperature=0.0,
+        messages=[{"role": "user", "content": "Give a JSON object with a cat's name."}],
+        response_format={"type": "json_object"})
+    assert answer.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"response_format": {"type": "yaml"}}, "response_format", "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+     "response_format", "schema object"),
+])
+def test_a_bad_response_format_is_a_400_naming_it(node: Node, body: dict[str, Any],
+                                                   param: str, words: str) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=60)
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **body}))
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    connection.close()
+    assert response.status == 400 and error["param"] == param and words in error["message"]
+
+
+def test_a_bad_role_is_a_400_that_says_which_parameter(node: Node) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(node).chat.completions.create(
+            model="smollm2", max_tokens=4,
+            messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[misc,list-item]
+    assert "messages" in str(caught.value), caught.value
+
+
 def test_embeddings_float_and_base64(node: Node) -> None:
     client = _client(node)
     # The client asks for base64 unless told otherwise, and decodes it.

@@ -557,16 +557,19 @@ class Instance:
 
 
 #: One raw Varlink call on a daemon's socket inside the instance, as whoever
-#: runs it (setpriv): argv interface, method, parameters as JSON; prints the
-#: reply, error or not, as one JSON line.
+#: runs it (setpriv): argv interface, method, parameters as JSON and, for a
+#: streaming method, "more"; prints the (first) reply, error or not, as one
+#: JSON line.
 RAW_CALL = r"""
 import json, socket, sys
 interface, method, parameters = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(30)
 s.connect("/run/syntrop/" + interface)
-s.sendall(json.dumps({"method": f"{interface}.{method}", "parameters": parameters}).encode()
-          + b"\0")
+call = {"method": f"{interface}.{method}", "parameters": parameters}
+if sys.argv[4:] == ["more"]:
+    call["more"] = True
+s.sendall(json.dumps(call).encode() + b"\0")
 reply = b""
 while not reply.endswith(b"\0"):
     chunk = s.recv(65536)
@@ -578,13 +581,14 @@ print(reply.rstrip(b"\0").decode())
 
 
 def call_as(instance: "Instance", ids: Sequence[str], interface: str, method: str,
-            **parameters: Any) -> dict[str, Any]:
+            more: bool = False, **parameters: Any) -> dict[str, Any]:
     """RAW_CALL as `ids` (setpriv's --reuid/--regid/groups options): the
-    reply as a dict, {"error": ...} included."""
+    (first) reply as a dict, {"error": ...} included."""
     import json
 
     out = instance.run(["setpriv", *ids, "/usr/bin/python3", "-c", RAW_CALL, interface, method,
-                        json.dumps(parameters)], timeout=60).stdout
+                        json.dumps(parameters), *(["more"] if more else [])],
+                       timeout=60).stdout
     return dict(json.loads(out))
 
 

@@ -29,12 +29,13 @@ def authz(instance: Instance) -> Iterator[Instance]:
 
 def as_user(instance: Instance, user: str, interface: str, method: str,
             **parameters: Any) -> dict[str, Any]:
+    more = method in STREAMING
     if user == "nobody":
         ids: tuple[str, ...] = NOBODY
     else:
         uid, gid = instance.run(["sh", "-c", f"id -u {user}; id -g {user}"]).stdout.split()
         ids = (f"--reuid={uid}", f"--regid={gid}", "--init-groups")
-    return call_as(instance, ids, interface, method, **parameters)
+    return call_as(instance, ids, interface, method, more=more, **parameters)
 
 
 def refused(reply: dict[str, Any], interface: str, action: str) -> bool:
@@ -42,6 +43,8 @@ def refused(reply: dict[str, Any], interface: str, action: str) -> bool:
         reply.get("parameters") == {"action": action}
 
 
+#: Methods that answer with "more" only.
+STREAMING = {"Pull"}
 LEASE: dict[str, Any] = {"memory_bytes": 1 << 20, "plane": "cpu"}
 
 # (interface, method, parameters, the action it needs)
@@ -65,6 +68,28 @@ NOBODY_REFUSED = [
     ("Model1", "Prune", {"budget_bytes": 0}, "io.syntrop.model.manage"),
     ("Tool1", "Execute", {"tool": "unit_restart", "parameters": {"unit": "cron.service"}},
      "io.syntrop.tool.execute"),
+    ("Tool1", "ExecutePlan", {"unit": "cron.service", "steps": [
+        {"tool": "unit_restart", "parameters": {"unit": "cron.service"}}]},
+     "io.syntrop.tool.execute"),
+    ("Tool1", "GetAudit", {}, "io.syntrop.tool.execute"),
+    ("Inference1", "Unquarantine", {"plane": "cpu"}, "io.syntrop.inference.manage"),
+    ("Inference1", "AcquireCompositeLease", {
+        "gang_id": "g", "gang_policy": "all-or-nothing", "priority": "EmergencyTriage",
+        "client_unit": None, "slices": [{"plane_id": "cpu", "role": "tensor",
+                                         "stage_index": None, "memory_bytes": 1 << 20}]},
+     "io.syntrop.inference.emergency"),
+    ("Inference1", "AcquireCompositeLease", {
+        "gang_id": "g", "gang_policy": "all-or-nothing", "priority": "Batch",
+        "client_unit": "dbus.service", "slices": [{"plane_id": "cpu", "role": "tensor",
+                                                   "stage_index": None,
+                                                   "memory_bytes": 1 << 20}]},
+     "io.syntrop.inference.lease-others"),
+    ("Model1", "Register", {"name": "passwd", "path": "/etc/passwd"},
+     "io.syntrop.model.manage"),
+    ("Model1", "Pull", {"reference": "/etc/passwd", "name": "passwd"},
+     "io.syntrop.model.manage"),
+    ("Model1", "Pin", {"name": "nosuch"}, "io.syntrop.model.manage"),
+    ("Model1", "Unpin", {"name": "nosuch"}, "io.syntrop.model.manage"),
 ]
 
 

@@ -101,6 +101,24 @@ def _check(endpoint: str, body: Any) -> None:
             raise BadRequest(f"{name} must be a number between 0 and 2", name)
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
+    if "response_format" in body:
+        _check_response_format(body["response_format"])
+
+
+def _check_response_format(value: Any) -> None:
+    """OpenAI's response_format: text, json_object, or json_schema with a
+    schema object (strict is accepted: runtimed's constraint is always
+    strict)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise BadRequest("response_format.type must be text, json_object or json_schema",
+                         "response_format")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict) \
+                or not isinstance(spec.get("name", ""), str):
+            raise BadRequest("response_format.json_schema must be an object with a name and a "
+                             "schema object", "response_format")
 
 
 def _prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:

@@ -12,6 +12,9 @@ from syntrop.config import Paths
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers import ProviderError
 
+#: The chat roles runtimed's templates take.
+ROLES = ("system", "user", "assistant")
+
 
 def _sampling(body: dict[str, Any]) -> Any:
     from syntrop.interfaces.runtime import Sampling
@@ -27,6 +30,23 @@ def _sampling(body: dict[str, Any]) -> Any:
     )
 
 
+def _constraint(body: dict[str, Any]) -> Any:
+    """OpenAI's response_format as runtimed's constraint: json_object is
+    any JSON object, json_schema its schema (always strict: the output is
+    decoded under the schema, so it validates); text or none, free text."""
+    from syntrop.interfaces.runtime import Constraint
+
+    value = body.get("response_format")
+    if not isinstance(value, dict):
+        return None
+    if value.get("type") == "json_object":
+        return Constraint(json_schema='{"type": "object"}')
+    if value.get("type") == "json_schema":
+        schema = value.get("json_schema", {}).get("schema") or {"type": "object"}
+        return Constraint(json_schema=json.dumps(schema))
+    return None
+
+
 def _failed(error: Exception) -> ProviderError:
     """A runtimed call's failure in OpenAI's terms: a refused request 400 (no
     retry elsewhere), a timeout 504, an engine refused after crashing too
@@ -38,7 +58,11 @@ def _failed(error: Exception) -> ProviderError:
 
     if isinstance(error, VarlinkErrorReply):
         if error.name.endswith(("InvalidParameter", "InvalidSampling", "InvalidConstraint")):
-            return ProviderError(400, f"runtimed answered {error.name}", retryable=False)
+            params = error.paramstojson() or {}
+            named = params.get("parameter") or params.get("message") or params.get("reason")
+            why = f": {named}" if named else ""
+            return ProviderError(400, f"runtimed refused the request{why} "
+                                      f"({error.name.rpartition('.')[2]})", retryable=False)
         words = in_words(error.name, error.paramstojson()) \
             if error.name.endswith(("EngineCrashed", "EngineFailing")) else None
         if words is not None:
@@ -85,8 +109,14 @@ class RuntimedProvider:
                 if endpoint == "chat/completions":
                     messages = [ChatMessage(role=str(m.get("role")), content=_content(m))
                                 for m in body["messages"]]
+                    for index, message in enumerate(messages):
+                        if message.role not in ROLES:
+                            raise ProviderError(
+                                400, f"messages[{index}].role {message.role!r} is not one "
+                                     f"runtimed serves ({', '.join(ROLES)})", retryable=False)
                     replies = client.Chat(model=body["model"], messages=messages,
-                                          sampling=_sampling(body))
+                                          sampling=_sampling(body),
+                                          constraint=_constraint(body))
                 else:
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
                                               sampling=_sampling(body))
