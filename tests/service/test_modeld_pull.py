@@ -378,6 +378,8 @@ def test_list_show_rm_pin_unpin_prune_commands(store: Store, registry: LoopbackR
     shown = store.syn("show", "tiny:q8_0").stdout
     assert "architecture: llama" in shown and "quantization: Q8_0" in shown
     assert store.syn_json("pin", "other:v1") == {"pinned": ["other:v1"]}
+    assert one_line_error(store.syn("rm", "other:v1")) == (
+        "syn: other:v1 is pinned: nothing removed (syn unpin it first, or syn rm --force)")
     result = store.syn_json("prune", "--budget", "0", "--dry-run")
     assert result["removed"] == ["tiny:q8_0"]
     assert store.syn("prune", "--budget", "1K").stdout.startswith("removed tiny:q8_0\nfreed ")

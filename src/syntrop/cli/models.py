@@ -209,6 +209,16 @@ def _each(args: argparse.Namespace, method: str, verb: str) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    """A pinned model (the triage model is one) is removed only with --force."""
+    if not args.force:
+        async def pinned() -> list[str]:
+            async with await _connect() as model1:
+                shown = [(await model1.Show(name=name))["model"] for name in args.names]
+            return [f"{m.name}:{m.tag}" for m in shown if m.pinned]
+
+        if found := _run(pinned()):
+            raise CliError(f"{', '.join(found)} {'is' if len(found) == 1 else 'are'} pinned: "
+                           "nothing removed (syn unpin it first, or syn rm --force)")
     return _each(args, "Remove", "removed")
 
 
@@ -613,6 +623,7 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     show.add_argument("name", metavar="NAME[:TAG]")
     rm = add("rm", "remove models", cmd_rm)
     rm.add_argument("names", nargs="+", metavar="NAME[:TAG]")
+    rm.add_argument("--force", action="store_true", help="remove pinned models too")
     pin = add("pin", "protect models from pruning", cmd_pin)
     pin.add_argument("names", nargs="+", metavar="NAME[:TAG]")
     unpin = add("unpin", "let models be pruned again", cmd_unpin)

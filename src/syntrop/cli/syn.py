@@ -188,8 +188,18 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("syntrop")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="syn", description="Control the syntrop suite.")
+    top.add_argument("--version", action="version", version=f"syn {_version()}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -229,6 +239,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:
+        # `syn status --json | head`: the reader left. Say nothing; point
+        # stdout at /dev/null so the interpreter's final flush is quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
 
 
 if __name__ == "__main__":
