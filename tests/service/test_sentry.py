@@ -155,10 +155,15 @@ def test_syn_incidents_table_one_in_full_and_json(tmp_path: Path) -> None:
         assert [without_nulls(i) for i in json.loads(as_json.stdout)] == [first]
         assert without_nulls(json.loads(syn(daemon, first["id"], "--json").stdout)) == first
 
+        short = syn(daemon, first["id"][:12])  # as the table shows it
+        assert short.returncode == 0 and f"incident {first['id']}" in short.stdout, short.stderr
         missing = syn(daemon, "nope")
         assert missing.returncode == 1 and "Traceback" not in missing.stderr
         assert missing.stderr.strip() == \
-            'syn: systemd-sentry answered IncidentNotFound {"id": "nope"}'
+            "syn: no incident id starts with 'nope' (syn incidents lists them)"
+        missing = syn(daemon, "f" * 32)
+        assert missing.stderr.strip() == \
+            f'syn: systemd-sentry answered IncidentNotFound {{"id": "{"f" * 32}"}}'
         bad = syn(daemon, "--unit", "no/such")
         assert bad.returncode == 1 and bad.stderr.startswith("syn: systemd-sentry answered "
                                                              "InvalidParameter")

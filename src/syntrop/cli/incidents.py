@@ -144,9 +144,24 @@ def show(incident: dict[str, Any], console: Any = None) -> None:
                   f"{_ms(elapsed(incident))}; {incident['summary']}")
 
 
+def _full_id(given: str) -> str:
+    """An id as the table shows it (its first 12 characters) or any unique
+    prefix, made whole from the incidents sentry keeps; a full id as is."""
+    if len(given) >= 32:
+        return given
+    listed = _unwrap(asyncio.run(_call("ListIncidents", limit=1000)), "incidents")
+    found = sorted({str(i["id"]) for i in listed if str(i["id"]).startswith(given)})
+    if not found:
+        raise IncidentsError(f"no incident id starts with {given!r} (syn incidents lists them)")
+    if len(found) > 1:
+        raise IncidentsError(f"{given!r} is the start of {len(found)} incident ids: "
+                             f"{', '.join(f[:16] for f in found[:5])}…; give more of it")
+    return found[0]
+
+
 def cmd_incidents(args: argparse.Namespace) -> int:
     if args.id is not None:
-        incident = _unwrap(asyncio.run(_call("GetIncident", id=args.id)), "incident")
+        incident = _unwrap(asyncio.run(_call("GetIncident", id=_full_id(args.id))), "incident")
         if args.json:
             print(json.dumps(incident))
         else:
