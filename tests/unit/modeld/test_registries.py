@@ -155,3 +155,39 @@ def test_settings_from_file_and_environment(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="retries"):
         Settings.load(tmp_path, {})
+
+
+def test_a_refused_tls_certificate_is_not_retried(tmp_path: Path) -> None:
+    """A real handshake with a loopback HTTPS server whose certificate no
+    trusted CA signed: the error is named, and not retried as transient."""
+    import http.server
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+
+    from syntrop.modeld.registries.base import transport_error
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem"), "-subj", "/CN=127.0.0.1", "-days", "1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(httpx.TransportError) as caught:
+            httpx.get(f"https://127.0.0.1:{server.server_port}/model.gguf", timeout=10)
+        error = transport_error(caught.value, "https://127.0.0.1/model.gguf")
+        assert not error.retryable
+        assert "TLS certificate was refused" in str(error)
+        plain = transport_error(httpx.ConnectError("connection refused"), "x")
+        assert plain.retryable
+    finally:
+        thread.join(5)
+        server.server_close()

@@ -113,4 +113,15 @@ def status_error(response: "httpx.Response", what: str, *, auth_hint: str = "") 
 
 
 def transport_error(error: Exception, what: str) -> RegistryError:
+    """A failed connection: retryable, unless the server's certificate was
+    refused (retrying cannot fix it; the message says what to check)."""
+    import ssl
+
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return RegistryError(f"{what}: the server's TLS certificate was refused "
+                             f"({cause.verify_message or cause.reason}); not retried: check the "
+                             "host name, the system clock and the trusted CAs", retryable=False)
     return RegistryError(f"{what}: {error or type(error).__name__}", retryable=True)
