@@ -3,6 +3,7 @@
     syn up [--dir DIR]      run the seven daemons socket-activated (dev mode)
     syn status [--dir DIR]  which daemons run, their sockets, their last exit
     syn down [--dir DIR]    stop them
+    syn logs [DAEMON] [-n N] [--dir DIR]  the dev daemons' logs, merged by time
 
 Later commands (pull, list, rm, pin, prune, run, ps, incidents, audit) join
 here as their daemons gain the methods behind them.
@@ -188,6 +189,37 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _entries(path: Path) -> list[str]:
+    """A log file as entries: a stamped line with the unstamped lines after
+    it (a traceback stays with its message)."""
+    entries: list[str] = []
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return entries
+    for line in text.splitlines():
+        if entries and not line[:4].isdigit():
+            entries[-1] += "\n" + line
+        else:
+            entries.append(line)
+    return entries
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    logs: Path = args.dir.resolve() / "log"
+    names = [d.program for d in DAEMONS]
+    if args.daemon is not None and args.daemon not in names:
+        raise CliError(f"no daemon {args.daemon!r}: one of {', '.join(names)}")
+    chosen = [args.daemon] if args.daemon else names
+    if not logs.is_dir():
+        raise CliError(f"no logs in {logs}: syn up starts the suite there")
+    entries = [entry for name in chosen for entry in _entries(logs / f"{name}.log")[-args.lines:]]
+    entries.sort(key=lambda entry: entry[:23] if entry[:4].isdigit() else "")
+    for entry in entries[-args.lines:]:
+        print(entry)
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -218,6 +250,10 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
     with_dir(commands.add_parser("down", help="stop the suite")).set_defaults(func=cmd_down)
+    logs = with_dir(commands.add_parser("logs", help="the dev daemons' logs, merged by time"))
+    logs.add_argument("daemon", nargs="?", metavar="DAEMON", help="only this daemon's")
+    logs.add_argument("-n", "--lines", type=int, default=50, help="the last N entries (50)")
+    logs.set_defaults(func=cmd_logs)
     from syntrop.cli import models
 
     models.register(commands)  # pull, list, show, rm, pin, unpin, prune

@@ -31,7 +31,10 @@ def setup(program: str) -> None:
     if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter(f"{program}: %(levelname)s %(name)s: %(message)s"))
+        # No journal to stamp the lines (dev mode, a terminal): stamp them.
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s.%(msecs)03d {program}: %(levelname)s %(name)s: %(message)s",
+            datefmt="%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
