@@ -70,6 +70,16 @@ def test_models_are_listed(node: Node) -> None:
     assert {"router:fast", "router:hard", "router:auto"} <= set(ids)
 
 
+def test_one_model_is_retrieved_and_an_unknown_one_is_a_404(node: Node) -> None:
+    import openai
+
+    client = _client(node)
+    assert client.models.retrieve("smollm2").id == "smollm2"
+    assert client.models.retrieve("router:fast").owned_by == "routerd"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
 def test_chat(node: Node) -> None:
     answer = _client(node).chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],

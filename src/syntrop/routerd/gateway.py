@@ -486,7 +486,9 @@ class Gateway:
                      traffic: str = USER) -> Response:
         path = path.partition("?")[0]
         response = await self._handle(method, path, body, traffic)
-        key = (path if path in ENDPOINTS or path in ("/v1/models", "/health") else "other",
+        known = path in ENDPOINTS or path in ("/v1/models", "/health")
+        key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
+               path if known else "other",
                response.status)
         self.answered[key] = self.answered.get(key, 0) + 1
         return response
@@ -503,14 +505,21 @@ class Gateway:
 
             return Response(200, render(self).encode(),
                             "text/plain; version=0.0.4; charset=utf-8")
-        if path == "/v1/models":
+        if path == "/v1/models" or path.startswith("/v1/models/"):
             if method != "GET":
                 return error(405, "use GET")
             data = [{"id": m, "object": "model", "created": 0, "owned_by": p}
                     for m, p in self.models()]
             data += [{"id": a, "object": "model", "created": 0, "owned_by": "routerd"}
                      for a in scoring.ALIASES]
-            return ok({"object": "list", "data": data})
+            if path == "/v1/models":
+                return ok({"object": "list", "data": data})
+            from urllib.parse import unquote
+
+            wanted = unquote(path.removeprefix("/v1/models/"))
+            found = next((m for m in data if m["id"] == wanted), None)
+            return ok(found) if found is not None else error(
+                404, f"no provider lists the model {wanted!r}", "model_not_found", "model")
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")
