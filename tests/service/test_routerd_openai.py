@@ -89,6 +89,26 @@ def test_chat(node: Node) -> None:
     assert "Paris" in (answer.choices[0].message.content or "")
 
 
+def test_usage_counts_are_runtimeds_own(node: Node) -> None:
+    """prompt_tokens is the prompt as the model read it (template included:
+    more than the words), completion_tokens what it generated; streamed,
+    stream_options.include_usage adds OpenAI's last chunk with the same."""
+    client = _client(node)
+    arguments: dict[str, Any] = dict(
+        model="smollm2", max_tokens=8, temperature=0.0,
+        messages=[{"role": "user", "content": "Count: one two three four five"}])
+    answer = client.chat.completions.create(**arguments)
+    usage = answer.usage
+    assert usage is not None and usage.prompt_tokens > 6 and 0 < usage.completion_tokens <= 8
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    chunks = list(client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **arguments))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == \
+        (usage.prompt_tokens, usage.completion_tokens)  # greedy: the same answer
+    assert all(c.usage is None for c in chunks[:-1])
+
+
 def test_streaming_chat(node: Node) -> None:
     stream = _client(node).chat.completions.create(
         model="router:auto", stream=True, max_tokens=32, temperature=0.2, seed=42,

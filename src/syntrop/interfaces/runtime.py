@@ -195,6 +195,8 @@ class Chunk:
             accepted_tokens / drafted_tokens).
         shifted_tokens: On the last chunk of a session with sinks: tokens
             dropped from the window by this call's shifts.
+        prompt_tokens: On the last chunk of Complete and Chat: tokens of the
+            prompt as the model read it (the chat template applied).
     """
 
     text: str
@@ -206,6 +208,7 @@ class Chunk:
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
     shifted_tokens: int | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

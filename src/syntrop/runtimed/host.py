@@ -165,11 +165,14 @@ class Counts:
     drafted: int | None = None
     accepted: int | None = None
     shifted: int | None = None
+    #: Tokens of the prompt as the model saw it (chat template applied).
+    prompt: int | None = None
 
     def extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"drafted_tokens": self.drafted,
                                  "accepted_tokens": self.accepted,
-                                 "shifted_tokens": self.shifted}
+                                 "shifted_tokens": self.shifted,
+                                 "prompt_tokens": self.prompt}
         if self.reasoning is not None:
             extra.update(thinking_tokens=self.reasoning.thinking_tokens,
                          answer_tokens=self.reasoning.answer_tokens)
@@ -293,6 +296,7 @@ class Host:
                 tokens, stops = prompt(engine)
                 if not tokens:
                     raise InvalidParameter(parameter="prompt")
+                counts.prompt = len(tokens)
                 if speculative is not None:
                     reason, counts.drafted, counts.accepted = engine.speculate(
                         tokens, params, sink.stop, sink.emit, drafter=drafter,
@@ -316,6 +320,7 @@ class Host:
         tokens, stops = prompt(engine)
         if not tokens:
             raise InvalidParameter(parameter="prompt")
+        counts.prompt = len(tokens)
         if len(tokens) >= batcher.n_ctx_seq:
             raise ContextOverflow(tokens=len(tokens), n_ctx=batcher.n_ctx_seq)
         output = Output(engine.llama, sink.emit, params.stop + stops, counts.reasoning,

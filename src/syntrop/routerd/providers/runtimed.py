@@ -47,6 +47,13 @@ def _constraint(body: dict[str, Any]) -> Any:
     return None
 
 
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    """OpenAI's usage: runtimed's own counts (the prompt as the model read
+    it, chat template included; the tokens it generated)."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
 def _failed(error: Exception) -> ProviderError:
     """A runtimed call's failure in OpenAI's terms: a refused request 400 (no
     retry elsewhere), a timeout 504, an engine refused after crashing too
@@ -129,20 +136,29 @@ class RuntimedProvider:
         ident = ("chatcmpl-" if endpoint == "chat/completions" else "cmpl-") + os.urandom(8).hex()
         created = int(time.time())
         first = True
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        tokens = prompt = 0
+        kind = "chat.completion.chunk" if endpoint == "chat/completions" else "text_completion"
         async for chunk in self._chunks(endpoint, body):
+            tokens += chunk.tokens
+            prompt = chunk.prompt_tokens or prompt
             if endpoint == "chat/completions":
                 delta: dict[str, Any] = {"content": chunk.text}
                 if first:
                     delta["role"] = "assistant"
                 choice: dict[str, Any] = {"index": 0, "delta": delta,
                                           "finish_reason": chunk.finish_reason}
-                kind = "chat.completion.chunk"
             else:
                 choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason}
-                kind = "text_completion"
             first = False
             yield json.dumps({"id": ident, "object": kind, "created": created,
-                              "model": body["model"], "choices": [choice]})
+                              "model": body["model"], "choices": [choice],
+                              **({"usage": None} if include_usage else {})})
+        if include_usage:  # OpenAI's last chunk: no choices, the usage
+            yield json.dumps({"id": ident, "object": kind, "created": created,
+                              "model": body["model"], "choices": [],
+                              "usage": _usage(prompt, tokens)})
 
     async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
         from asyncvarlink import VarlinkErrorReply
@@ -189,14 +205,15 @@ class RuntimedProvider:
         if endpoint == "embeddings":
             return await self._embed(body)
         parts: list[str] = []
-        tokens = 0
+        tokens = prompt = 0
         finish = None
         async for chunk in self._chunks(endpoint, body):
             parts.append(chunk.text)
             tokens += chunk.tokens
             finish = chunk.finish_reason or finish
+            prompt = chunk.prompt_tokens or prompt
         text = "".join(parts)
-        usage = {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens}
+        usage = _usage(prompt, tokens)
         if endpoint == "chat/completions":
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish or "stop",
                                       "message": {"role": "assistant", "content": text}}
