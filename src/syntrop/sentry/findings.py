@@ -250,13 +250,19 @@ def _linked_change(at: int, facts: UnitFacts, failure_usec: int, journal: Sequen
     soon after it changed links it too."""
     if at > failure_usec + SLACK_USEC:
         return False, ()
-    # Active since about the change or later, and for a while: it ran well
-    # with it. (Within the slack either way counts: a change seen just
-    # after the start may not have applied to it, but then the next start
-    # applies it, and a failure of that start is linked.)
-    ran_well = (facts.active_enter_usec + SLACK_USEC >= at
+    # A run that lasted started after the change was seen: it ran well with
+    # it. One that started up to the slack before it was seen may or may
+    # not have had it (contextd sees a write a little late): it counts,
+    # unless a later start, which surely had it, failed.
+    later_start_failed = facts.inactive_exit_usec > facts.active_enter_usec \
+        and facts.inactive_exit_usec >= at
+
+    def had_it(began: int) -> bool:
+        return began >= at or (began + SLACK_USEC >= at and not later_start_failed)
+
+    ran_well = (facts.active_enter_usec > 0 and had_it(facts.active_enter_usec)
                 and failure_usec - facts.active_enter_usec >= RAN_WELL_USEC) \
-        or (facts.ran_well_usec > 0 and facts.ran_well_usec + SLACK_USEC >= at)
+        or (facts.ran_well_usec > 0 and had_it(facts.ran_well_usec))
     if ran_well:
         return False, ()  # the unit ran well with it since
     why: list[str] = []

@@ -75,6 +75,24 @@ def test_a_unit_started_about_when_a_change_was_seen_ran_well_with_it(
     assert decide([change], short, trigger="state_failed")[1].kind == f.UNIT_FILE
 
 
+def test_a_start_after_a_change_that_fails_links_it_though_a_run_before_went_well() -> None:
+    """Found in CI: the unit started, its config was edited 0.6 s later
+    (within the slack), it ran 11 s, then a restart failed at once (never
+    active, so ActiveEnterTimestamp is still the old run's). The old run may
+    not have had the edit; the failed start surely did: linked."""
+    config = "/etc/web/app.env"
+    at = FAIL - 11 * S
+    change = Change(kind="config", timestamp_usec=at, unit=UNIT, path=config)
+    facts = replace(RESTARTED, active_enter_usec=at - 6 * S // 10,
+                    inactive_exit_usec=FAIL - S // 10)
+    found, cause, _ = decide([change], facts, trigger="state_failed")
+    assert (cause.kind, cause.subject) == (f.CONFIG_EDITED, config), found
+    assert "the start that failed began after it" in cause.evidence
+    # The old run began after the edit was seen: it had it, and ran well.
+    had = replace(facts, active_enter_usec=at + S // 5)
+    assert decide([change], had, trigger="state_failed")[1].kind == f.TRANSIENT
+
+
 def test_a_dependency_failure_never_blames_the_units_own_changes() -> None:
     change = Change(kind="dropin", timestamp_usec=FAIL - 120 * S, unit=UNIT, path=DROPIN)
     waiting = replace(RESTARTED, failed_dependencies=("db.service",), requires=("db.service",))
