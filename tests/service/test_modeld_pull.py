@@ -389,6 +389,9 @@ def test_list_show_rm_pin_unpin_prune_commands(store: Store, registry: LoopbackR
     assert one_line_error(store.syn("rm", "other:v1")) == "syn: no model named other:v1"
     line = one_line_error(store.syn("show", "../etc"))
     assert line.startswith("syn: invalid model name '../etc'")
+    line = one_line_error(store.syn("pull", "smollm2"))  # an ollama-style bare name
+    assert line == ("syn: smollm2: no such file here. A registry's model needs its scheme: "
+                    "syn pull ollama://smollm2 or hf://ORG/REPO/FILE.gguf")
     line = one_line_error(store.syn("pull", "ftp://x/y"))
     assert "unknown scheme ftp://" in line
     assert "invalid model name" in one_line_error(store.syn("pull", REF, "--name", "a/b"))

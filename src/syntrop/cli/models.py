@@ -365,6 +365,11 @@ async def _register_local(path: str, args: argparse.Namespace) -> "Model":
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if "/" not in path:  # a bare name, as ollama pulls them: no registry is assumed
+            raise CliError(f"{path}: no such file here. A registry's model needs its scheme: "
+                           f"syn pull ollama://{path} or hf://ORG/REPO/FILE.gguf") from None
+        raise CliError(f"{path}: No such file or directory") from None
     except OSError as error:
         raise CliError(f"{path}: {error.strerror}") from None
     try:
