@@ -52,15 +52,12 @@ class Authority:
     async def _connect(self) -> Any:
         async with self._lock:
             if self._bus is None:
+                from syntrop.system.systemd import NotConnected, open_system_bus
+
                 try:
-                    import sdbus
-                except ImportError as error:
-                    raise PolkitUnavailable(f"sdbus is not installed: {error}") from None
-                try:
-                    self._bus = (sdbus.sd_bus_open_system() if self.address is None
-                                 else _open_address(sdbus, self.address))
-                except Exception as error:  # sdbus raises its own OSError-like types
-                    raise PolkitUnavailable(f"cannot open the system bus: {error}") from None
+                    self._bus = open_system_bus(self.address)
+                except NotConnected as error:
+                    raise PolkitUnavailable(str(error)) from None
             return self._bus
 
     async def check(self, action: str, subject: Subject,
@@ -90,17 +87,3 @@ class Authority:
             with contextlib.suppress(Exception):
                 self._bus.close()
             self._bus = None
-
-
-def _open_address(sdbus: Any, address: str) -> Any:
-    import os
-
-    previous = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")
-    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
-    try:
-        return sdbus.sd_bus_open_system()
-    finally:
-        if previous is None:
-            os.environ.pop("DBUS_SYSTEM_BUS_ADDRESS", None)
-        else:
-            os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = previous

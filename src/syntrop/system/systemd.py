@@ -86,6 +86,29 @@ def _error_name(error: BaseException) -> str:
     return str(name)
 
 
+def open_system_bus(address: str | None = None) -> Any:
+    """An sd-bus connection to the system bus, or to `address` (a D-Bus
+    address). It connects lazily: the first call finds out whether anyone
+    answers. Raises NotConnected."""
+    try:
+        import sdbus
+    except ImportError as error:
+        raise NotConnected(f"sdbus is not installed: {error}") from None
+    previous = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")
+    try:
+        if address is not None:
+            os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
+        return sdbus.sd_bus_open_system()
+    except Exception as error:  # sdbus raises its own OSError-like types
+        raise NotConnected(f"cannot open the system bus: {_plain(error)}") from None
+    finally:
+        if address is not None:
+            if previous is None:
+                os.environ.pop("DBUS_SYSTEM_BUS_ADDRESS", None)
+            else:
+                os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = previous
+
+
 class Systemd:
     """A connection to PID 1's Manager. Use `await Systemd.open()`."""
 
@@ -97,23 +120,7 @@ class Systemd:
     async def open(cls, address: str | None = None) -> "Systemd":
         """Connect to the system bus (or `address`, a D-Bus address such as
         unix:path=/run/systemd/private). Raises NotConnected."""
-        try:
-            import sdbus
-        except ImportError as error:
-            raise NotConnected(f"sdbus is not installed: {error}") from None
-        previous = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")
-        try:
-            if address is not None:
-                os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = address
-            bus = sdbus.sd_bus_open_system()
-        except Exception as error:  # sdbus raises its own OSError-like types
-            raise NotConnected(f"cannot open the system bus: {_plain(error)}") from None
-        finally:
-            if address is not None:
-                if previous is None:
-                    os.environ.pop("DBUS_SYSTEM_BUS_ADDRESS", None)
-                else:
-                    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = previous
+        bus = open_system_bus(address)
         systemd = cls(bus)
         # sd_bus_open_system connects lazily: find out now whether anyone answers.
         await systemd._call(PATH, "org.freedesktop.DBus.Peer", "Ping", "")
