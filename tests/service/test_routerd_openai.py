@@ -86,7 +86,10 @@ def test_chat(node: Node) -> None:
         max_tokens=32, temperature=0.2, seed=42)
     assert answer.object == "chat.completion"
     assert answer.choices[0].message.role == "assistant"
-    assert "Paris" in (answer.choices[0].message.content or "")
+    # What it says is the model's business (never asserted); that it said
+    # something, and why it stopped, is routerd's.
+    assert answer.choices[0].message.content
+    assert answer.choices[0].finish_reason in ("stop", "length")
 
 
 def test_usage_counts_are_runtimeds_own(node: Node) -> None:
@@ -110,14 +113,19 @@ def test_usage_counts_are_runtimeds_own(node: Node) -> None:
 
 
 def test_streaming_chat(node: Node) -> None:
-    stream = _client(node).chat.completions.create(
-        model="router:auto", stream=True, max_tokens=32, temperature=0.2, seed=42,
+    """Streamed, the answer is the one the same greedy request gets whole."""
+    arguments: dict[str, Any] = dict(
+        max_tokens=32, temperature=0.0, seed=42,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
+    whole = _client(node).chat.completions.create(model="smollm2", **arguments)
+    stream = _client(node).chat.completions.create(model="router:auto", stream=True,
+                                                   **arguments)
     chunks = list(stream)
     assert len(chunks) > 1
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Paris" in text
+    assert text and text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert len({c.id for c in chunks}) == 1
 
 

@@ -7,6 +7,12 @@ LISTEN_FDNAMES=varlink and LISTEN_PID set to the daemon's own pid. While the
 daemon runs, the launcher ignores that socket; when the daemon exits (idle,
 crash), the launcher watches it again, so the next connection starts it anew.
 
+routerd's HTTP ingress is held the same way, as routerd.socket holds it under
+systemd: the launcher binds routerd.toml's `http.listen` addresses (default
+127.0.0.1:32768 and [::1]:32768) and passes them after the Varlink socket,
+named "http", so an OpenAI client reaches routerd at once and routerd may
+still exit when idle.
+
 Layout of a launcher directory DIR:
 
     DIR/run/io.syntrop.<Name>1   the sockets (RUNTIME_DIRECTORY)
@@ -15,12 +21,14 @@ Layout of a launcher directory DIR:
     DIR/config/                  CONFIGURATION_DIRECTORY (shared)
     DIR/log/<daemon>.log         the daemon's stderr
     DIR/launcher.pid             the launcher's pid
-    DIR/status.json              per daemon: pid, starts, last exit status
+    DIR/status.json              per daemon: pid, starts, last exit status;
+                                 routerd's HTTP addresses and bind failures
 """
 
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -67,12 +75,35 @@ def default_directory() -> Path:
     return Path(state) / "syntrop" / "dev"
 
 
+def is_launcher_directory(directory: Path) -> bool:
+    return (directory / "status.json").exists() or (directory / "launcher.pid").exists()
+
+
+def locate(explicit: Path | None = None) -> Path | None:
+    """The dev suite syn works with, by one rule for every subcommand: --dir
+    when given; else the launcher directory whose run/ $RUNTIME_DIRECTORY
+    names; else the default dev directory when a launcher has been up there;
+    else None: the system suite (/run/syntrop, or $RUNTIME_DIRECTORY when
+    it names no launcher directory)."""
+    if explicit is not None:
+        return explicit.resolve()
+    runtime = os.environ.get("RUNTIME_DIRECTORY")
+    if runtime:
+        above = Path(runtime.split(":")[0]).resolve().parent
+        return above if is_launcher_directory(above) else None
+    default = default_directory().resolve()
+    return default if is_launcher_directory(default) else None
+
+
 @dataclass(slots=True)
 class _State:
     pid: int | None = None
     starts: int = 0
     last_exit: int | None = None
     started_at: float | None = None
+    #: routerd only: the HTTP addresses held for it, and those that failed.
+    http: list[str] = field(default_factory=list)
+    http_failed: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -80,6 +111,51 @@ class _Slot:
     daemon: Daemon
     sock: socket.socket
     state: _State = field(default_factory=_State)
+    #: More listening sockets passed after the Varlink one (routerd's HTTP).
+    extra: list[socket.socket] = field(default_factory=list)
+
+
+def _address(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def http_listeners(config: Path) -> tuple[list[socket.socket], list[str]]:
+    """routerd's HTTP ingress bound now, as routerd.socket's ListenStream=
+    would: the sockets, and for each address that failed, why."""
+    from syntrop.config import ConfigError
+    from syntrop.routerd import config as routerconfig
+
+    try:
+        listen = routerconfig.load(config / "routerd.toml").listen
+    except ConfigError as error:
+        return [], [str(error)]
+    sockets: list[socket.socket] = []
+    failed: list[str] = []
+    for text in listen:
+        where = routerconfig.parse_address(text)
+        try:
+            if isinstance(where, str):
+                sock = bind_unix(where)
+            else:
+                family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    if family == socket.AF_INET6:
+                        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    sock.bind(where)
+                    sock.listen(socket.SOMAXCONN)
+                except OSError:
+                    sock.close()
+                    raise
+        except OSError as error:
+            failed.append(f"{text}: {error.strerror or error}")
+            continue
+        sockets.append(sock)
+    return sockets, failed
 
 
 def daemon_environment(directory: Path, daemon: Daemon) -> dict[str, str]:
@@ -96,12 +172,17 @@ def daemon_environment(directory: Path, daemon: Daemon) -> dict[str, str]:
 
 
 def spawn_activated(
-    argv: list[str], sock: socket.socket, env: dict[str, str], *, log: Path | None = None
+    argv: list[str], sock: socket.socket, env: dict[str, str], *, log: Path | None = None,
+    extra: list[socket.socket] | None = None,
 ) -> int:
-    """Start argv with `sock` as fd 3, the way systemd passes an Accept=no
-    socket. LISTEN_PID must be the new process's own pid, which only the
-    child knows: hence fork and exec rather than subprocess."""
-    environment = {**os.environ, **env, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "varlink"}
+    """Start argv with `sock` as fd 3 (and `extra`, named "http", as fd 4
+    on), the way systemd passes an Accept=no socket unit's descriptors.
+    LISTEN_PID must be the new process's own pid, which only the child
+    knows: hence fork and exec rather than subprocess."""
+    sockets = [sock, *(extra or ())]
+    names = ":".join(["varlink"] + ["http"] * (len(sockets) - 1))
+    environment = {**os.environ, **env, "LISTEN_FDS": str(len(sockets)),
+                   "LISTEN_FDNAMES": names}
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     log_fd = os.open(log, flags, 0o644) if log else -1
     # The daemons die with their launcher (as a service's processes with
@@ -116,10 +197,11 @@ def spawn_activated(
             if log_fd >= 0:
                 os.dup2(log_fd, 2)
                 os.dup2(log_fd, 1)
-            if sock.fileno() == 3:
-                os.set_inheritable(3, True)  # dup2(3, 3) would leave FD_CLOEXEC set
-            else:
-                os.dup2(sock.fileno(), 3)  # dup2 clears FD_CLOEXEC on fd 3
+            # Out of the way first (a socket may sit on a target number),
+            # then onto 3, 4, …: dup2 clears FD_CLOEXEC on each.
+            high = [fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 64) for s in sockets]
+            for index, fd in enumerate(high):
+                os.dup2(fd, 3 + index)
             environment["LISTEN_PID"] = str(os.getpid())
             os.execvpe(argv[0], argv, environment)
         finally:
@@ -146,21 +228,31 @@ class Launcher:
             os.chmod(run / daemon.interface, 0o666)
             sock.setblocking(False)
             slot = _Slot(daemon, sock)
+            if daemon.program == "routerd":
+                slot.extra, slot.state.http_failed = http_listeners(self.directory / "config")
+                slot.state.http = [_address(s) for s in slot.extra]
+                for problem in slot.state.http_failed:
+                    logger.warning("routerd's HTTP ingress: cannot listen on %s", problem)
+            for each in slot.extra:
+                each.setblocking(False)
             self.slots.append(slot)
             self._watch(slot)
         self._write_status()
 
     def _watch(self, slot: _Slot) -> None:
-        self.loop.add_reader(slot.sock.fileno(), self._spawn, slot)
+        for sock in (slot.sock, *slot.extra):
+            self.loop.add_reader(sock.fileno(), self._spawn, slot)
 
     def _spawn(self, slot: _Slot) -> None:
-        self.loop.remove_reader(slot.sock.fileno())
+        for sock in (slot.sock, *slot.extra):
+            self.loop.remove_reader(sock.fileno())
         daemon = slot.daemon
         env = daemon_environment(self.directory, daemon)
         env["SYNTROP_IDLE_TIMEOUT"] = str(self.idle_timeout)
         argv = [sys.executable, "-m", daemon.module]
         pid = spawn_activated(
-            argv, slot.sock, env, log=self.directory / "log" / f"{daemon.program}.log"
+            argv, slot.sock, env, log=self.directory / "log" / f"{daemon.program}.log",
+            extra=slot.extra,
         )
         slot.state.pid = pid
         slot.state.starts += 1
@@ -196,7 +288,8 @@ class Launcher:
     async def stop(self) -> None:
         self.stopped.set()
         for slot in self.slots:
-            self.loop.remove_reader(slot.sock.fileno())
+            for sock in (slot.sock, *slot.extra):
+                self.loop.remove_reader(sock.fileno())
             if slot.state.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.state.pid, signal.SIGTERM)
@@ -207,6 +300,12 @@ class Launcher:
             if slot.state.pid:
                 os.kill(slot.state.pid, signal.SIGKILL)
             slot.sock.close()
+            for sock in slot.extra:
+                where = sock.getsockname() if sock.family == socket.AF_UNIX else None
+                sock.close()
+                if where:
+                    with contextlib.suppress(OSError):
+                        os.unlink(where)
             (self.directory / "run" / slot.daemon.interface).unlink(missing_ok=True)
         self._write_status()
 

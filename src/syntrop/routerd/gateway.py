@@ -21,7 +21,8 @@ from syntrop.routerd.sse import event
 
 logger = logging.getLogger(__name__)
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               404: "invalid_request_error",
                405: "invalid_request_error", 408: "invalid_request_error",
                413: "invalid_request_error", 502: "api_error", 503: "api_error",
                504: "api_error"}
@@ -33,6 +34,9 @@ LOAD_INTERVAL = 1.0
 ADVERTISE_INTERVAL = 5.0
 #: Seconds a provider's model list may take at start and Reload.
 DISCOVERY_TIMEOUT = 5.0
+#: Least seconds between two asks for the model lists of providers that
+#: have no configured list (a model pulled since is served without Reload).
+REDISCOVER_INTERVAL = 2.0
 
 
 @dataclass(slots=True)
@@ -43,6 +47,8 @@ class Response:
     stream: AsyncIterator[bytes] | None = None
     #: Called once the response is sent or abandoned (a stream's resources).
     closer: Callable[[], Awaitable[None]] | None = None
+    #: More response headers.
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 def error(status: int, message: str, code: str | None = None,
@@ -50,6 +56,14 @@ def error(status: int, message: str, code: str | None = None,
     payload = {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
                          "param": param, "code": code}}
     return Response(status, json.dumps(payload).encode())
+
+
+def unauthorized() -> Response:
+    """401 in OpenAI's words, for a request without a configured API key."""
+    response = error(401, "no valid API key: send Authorization: Bearer KEY with a key "
+                     "routerd is configured with", "invalid_api_key")
+    response.headers = ((b"www-authenticate", b'Bearer realm="routerd"'),)
+    return response
 
 
 def ok(payload: Any) -> Response:
@@ -284,6 +298,8 @@ class Gateway:
         #: (provider, outcome) -> attempts, for /metrics.
         self.attempts: dict[tuple[str, str], int] = {}
         self.discovered: dict[str, tuple[str, ...]] = {}
+        self._discovered_at = float("-inf")
+        self._discovering: asyncio.Task[None] | None = None
         self.pressure = pressure or Pressure(config.psi_threshold, path=config.psi_file)
         #: runtimed providers without a free slot at the last look.
         self.full: set[str] = set()
@@ -303,7 +319,16 @@ class Gateway:
                        for p in config.providers}
 
     async def discover(self) -> None:
-        """Ask providers configured without a model list for theirs."""
+        """Ask providers configured without a model list for theirs (one
+        that does not answer keeps the list it gave last). Callers at the
+        same time share one round: a request that finds no model while
+        routerd starts waits for the lists rather than being told 404."""
+        if self._discovering is None or self._discovering.done():
+            self._discovered_at = time.monotonic()
+            self._discovering = asyncio.get_running_loop().create_task(self._discover())
+        await asyncio.shield(self._discovering)
+
+    async def _discover(self) -> None:
         found: dict[str, tuple[str, ...]] = {}
         for config in self.config.providers:
             if config.models:
@@ -313,9 +338,26 @@ class Gateway:
                     self.providers[config.id].list_models(), DISCOVERY_TIMEOUT)
             except (ProviderError, TimeoutError) as failure:
                 logger.warning("provider %s: no model list: %s", config.id, failure)
+                if config.id in self.discovered:
+                    found[config.id] = self.discovered[config.id]
                 continue
             found[config.id] = tuple(models)
-        self.discovered = found
+        if found != self.discovered:
+            self.discovered = found
+
+    async def rediscover(self) -> bool:
+        """Discover again, at most once per REDISCOVER_INTERVAL (or wait for
+        the round in flight), when some provider's models are asked rather
+        than configured; whether it looked."""
+        if all(p.models for p in self.config.providers):
+            return False
+        if self._discovering is not None and not self._discovering.done():
+            await asyncio.shield(self._discovering)
+            return True
+        if time.monotonic() - self._discovered_at < REDISCOVER_INTERVAL:
+            return False
+        await self.discover()
+        return True
 
     def effective(self) -> tuple[ProviderConfig, ...]:
         """The providers with their model lists, configured or discovered
@@ -465,6 +507,8 @@ class Gateway:
         while True:
             now = time.monotonic()
             scored = self.route(model, tokens, now)
+            if not scored and await self.rediscover():
+                continue  # pulled since the last look, perhaps
             if not scored:
                 self.routing_errors += 1
                 return error(404, f"the model {model!r} does not exist", "model_not_found",
@@ -508,6 +552,7 @@ class Gateway:
         if path == "/v1/models" or path.startswith("/v1/models/"):
             if method != "GET":
                 return error(405, "use GET")
+            await self.rediscover()
             data = [{"id": m, "object": "model", "created": 0, "owned_by": p}
                     for m, p in self.models()]
             data += [{"id": a, "object": "model", "created": 0, "owned_by": "routerd"}

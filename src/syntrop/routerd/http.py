@@ -3,6 +3,7 @@ body cap, header and body timeouts."""
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import socket
@@ -11,7 +12,7 @@ from typing import Any
 import h11
 
 from syntrop.routerd.config import Config, parse_address
-from syntrop.routerd.gateway import Gateway, Response, error
+from syntrop.routerd.gateway import Gateway, Response, error, unauthorized
 from syntrop.routerd.queues import TRIAGE, USER
 
 logger = logging.getLogger(__name__)
@@ -20,13 +21,10 @@ READ_SIZE = 65536
 #: Requests with "x-syntrop-traffic: triage" (sentry's) go to the triage queue.
 TRAFFIC_HEADER = b"x-syntrop-traffic"
 MAX_HEADER_BYTES = 16384
-REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-           408: b"Request Timeout", 413: b"Content Too Large", 502: b"Bad Gateway",
+REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
+           405: b"Method Not Allowed", 408: b"Request Timeout", 413: b"Content Too Large",
+           502: b"Bad Gateway",
            503: b"Service Unavailable", 504: b"Gateway Timeout"}
-
-
-class _Closed(Exception):
-    """The client went away."""
 
 
 class HTTPServer:
@@ -35,6 +33,8 @@ class HTTPServer:
         self.config = config
         self.servers: list[asyncio.Server] = []
         self.addresses: list[str] = []
+        #: Addresses that could not be listened on, each with why.
+        self.failed: list[str] = []
         self.connections = 0
         #: Connections answered 503 for being over max_connections.
         self.refused = 0
@@ -78,6 +78,7 @@ class HTTPServer:
                             else f"{host}:{port}"))
             except OSError as failure:
                 logger.warning("cannot listen on %s: %s", text, failure.strerror or failure)
+                self.failed.append(f"{text}: {failure.strerror or failure}")
                 continue
             self.servers.append(server)
 
@@ -143,7 +144,7 @@ class HTTPServer:
     async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter,
                     response: Response, close: bool) -> None:
         headers = [(b"content-type", response.content_type.encode()),
-                   (b"server", b"routerd")]
+                   (b"server", b"routerd"), *response.headers]
         if close:
             headers.append((b"connection", b"close"))
         if response.stream is None:
@@ -183,6 +184,25 @@ class HTTPServer:
                     503, f"over {self.config.max_connections} connections at once; retry",
                     "server_overloaded"), True)
 
+    def _authorized(self, request: h11.Request, writer: asyncio.StreamWriter) -> bool:
+        """Whether a request may pass when API keys are configured: it bears
+        one (Authorization: Bearer KEY, compared in constant time), asks for
+        /health only, or came over mutual TLS (a LAN peer's certificate
+        already said who it is)."""
+        if request.target.partition(b"?")[0] == b"/health" or \
+                writer.get_extra_info("ssl_object") is not None:
+            return True
+        for name, value in request.headers:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() != b"bearer":
+                    return False
+                presented = token.strip()
+                # Every key compared, so the time says nothing of which matched.
+                return sum(hmac.compare_digest(presented, key.encode())
+                           for key in self.config.api_keys) > 0
+        return False
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.active = True
@@ -217,6 +237,10 @@ class HTTPServer:
                 for name, value in request.headers:
                     if name == TRAFFIC_HEADER and value.lower() == b"triage":
                         traffic = TRIAGE
+                if self.config.api_keys and not self._authorized(request, writer):
+                    await self._send(conn, writer, unauthorized(), False)
+                    conn.start_next_cycle()
+                    continue
                 try:
                     response = await self.gateway.handle(
                         request.method.decode(), request.target.decode("latin-1"), body,

@@ -99,6 +99,7 @@ class RouterService(Router1):
             providers_healthy=healthy,
             requests_total=self.gateway.requests_total,
             routing_errors=self.gateway.routing_errors,
+            ingress_failed=list(self.http.failed),
         )
 
     @implements

@@ -3,14 +3,44 @@ from pathlib import Path
 import pytest
 
 from syntrop.config import ConfigError
-from syntrop.routerd.config import DEFAULT_LISTEN, parse, parse_address
+from syntrop.routerd.config import DEFAULT_LISTEN, DERIVED, parse, parse_address
 
 
 def test_defaults() -> None:
     config = parse({})
     assert config.listen == DEFAULT_LISTEN
-    assert config.providers == ()
     assert config.default_model is None
+    assert config.api_keys == frozenset()
+
+
+def test_no_providers_configured_means_the_local_runtimed_with_modelds_models() -> None:
+    for data in ({}, {"http": {"listen": ["127.0.0.1:0"]}}):
+        config = parse(data)
+        assert config.providers == DERIVED and config.derived
+        assert [(p.kind, p.models) for p in config.providers] == [("runtimed", ())]
+    none = parse({"providers": []})  # said explicitly: none
+    assert none.providers == () and not none.derived
+
+
+def test_api_keys_from_a_file_or_a_credential(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# clients\nsk-one\n\n  sk-two  \n")
+    assert parse({"http": {"api_keys_file": str(keys)}}).api_keys == {"sk-one", "sk-two"}
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert parse({"http": {"api_keys_credential": "keys"}}).api_keys == {"sk-one", "sk-two"}
+    assert "sk-one" not in repr(parse({"http": {"api_keys_file": str(keys)}}))
+    (tmp_path / "empty").write_text("# nobody\n")
+    for http, words in (({"api_keys_file": str(tmp_path / "empty")}, "names no key"),
+                        ({"api_keys_file": str(tmp_path / "absent")}, "No such file"),
+                        ({"api_keys_file": 3}, "are strings"),
+                        ({"api_keys_file": str(keys), "api_keys_credential": "keys"},
+                         "not both")):
+        with pytest.raises(ConfigError, match=words):
+            parse({"http": http})
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError, match="CREDENTIALS_DIRECTORY"):
+        parse({"http": {"api_keys_credential": "keys"}})
 
 
 def test_addresses() -> None:

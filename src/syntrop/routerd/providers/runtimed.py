@@ -3,6 +3,7 @@ their chunks mapped to OpenAI chat.completion(.chunk) and text_completion
 objects."""
 
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,8 @@ from typing import Any
 from syntrop.config import Paths
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers import ProviderError
+
+logger = logging.getLogger(__name__)
 
 #: The chat roles runtimed's templates take.
 ROLES = ("system", "user", "assistant")
@@ -257,9 +260,25 @@ class RuntimedProvider:
         return detail
 
     async def list_models(self) -> list[str]:
-        """The configured models, once runtimed answers on its socket."""
-
+        """The configured models, once runtimed answers on its socket;
+        without a list, every model modeld holds (runtimed loads them from
+        there): `name` for a :latest tag, `name:tag` for the others."""
         client = await self._client()
         async with client:
             pass
-        return list(self.config.models)
+        if self.config.models:
+            return list(self.config.models)
+        from syntrop.interfaces.model import NAME, Model1
+        from syntrop.varlink.client import CallTimeout, connect
+
+        address = self.address.removeprefix("unix:")
+        modeld = os.path.join(os.path.dirname(address), NAME)
+        try:
+            async with await connect(Model1, address=modeld, timeout=self.config.timeout) as m:
+                models = (await m.List())["models"]
+        except Exception as error:  # unreachable, refused, older: no list
+            if not isinstance(error, OSError | CallTimeout):
+                logger.warning("modeld's model list: %s", error)
+            raise ProviderError(502, f"modeld unreachable for the model list: {error}") from None
+        return [m.name if m.tag == "latest" else f"{m.name}:{m.tag}"
+                for m in sorted(models, key=lambda m: (not m.pinned, m.name, m.tag))]
