@@ -175,7 +175,7 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
             max_tokens=8, temperature=0)
         assert answer.choices[0].message.content
         assert answer.usage is not None and answer.usage.prompt_tokens > 0
-        assert [m.id for m in client.models.list().data][0] == "smollm2"
+        assert next(m.id for m in client.models.list().data) == "smollm2"
         listed = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "list", "--json"],
                                 capture_output=True, text=True, timeout=60,
                                 env={**os.environ, "RUNTIME_DIRECTORY": str(directory / "run")})

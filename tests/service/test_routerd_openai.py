@@ -157,6 +157,136 @@ def test_json_schema_output_validates_every_time_at_temperature_1(node: Node) ->
         jsonschema.validate(json.loads(text), CITY)
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city now.",
+        "parameters": {"type": "object", "additionalProperties": False,
+                       "required": ["city", "unit"],
+                       "properties": {"city": {"type": "string", "maxLength": 32},
+                                      "unit": {"enum": ["celsius", "fahrenheit"]}}}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "The sum of two integers.",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+                       "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def _valid_call(call: Any, only: str | None = None) -> None:
+    import jsonschema
+
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in SCHEMAS and call.function.name == (only or call.function.name)
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_tool_calls_name_a_declared_function_with_valid_arguments(node: Node) -> None:
+    """tool_choice required (20 tries at temperature 1) and a named
+    function: finish_reason tool_calls, every call declared, its arguments
+    valid against that function's schema."""
+    client = _client(node)
+    for attempt in range(20):
+        answer = client.chat.completions.create(
+            model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
+            temperature=1.0, seed=attempt, max_tokens=160)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            _valid_call(call)
+    named = client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "add"}})
+    calls = named.choices[0].message.tool_calls
+    assert calls is not None and len(calls) == 1
+    _valid_call(calls[0], only="add")
+
+
+def test_tool_calls_stream_as_deltas(node: Node) -> None:
+    client = _client(node)
+    chunks = list(client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, stream=True, max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert [d.index for d in deltas] == [0]
+    assert deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(deltas[0].function.arguments or ""), SCHEMAS["get_weather"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_auto_and_none_answer_or_call_and_results_go_back(node: Node) -> None:
+    """auto: a call or an answer (either is the model's choice), never
+    anything else; none: a plain answer; a tool result sent back is read."""
+    client = _client(node)
+    for attempt in range(5):
+        choice = client.chat.completions.create(
+            model="smollm2", messages=ASK, tools=TOOLS, tool_choice="auto", seed=attempt,
+            temperature=1.0, max_tokens=160).choices[0]
+        if choice.finish_reason == "tool_calls":
+            assert choice.message.tool_calls and choice.message.content is None
+            for call in choice.message.tool_calls:
+                _valid_call(call)
+        else:
+            assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
+            assert not choice.message.content.startswith('{"content"')
+    plain = client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=16)
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, tool_choice="auto", stream=True, seed=3,
+        temperature=0, max_tokens=48) if c.choices)
+    whole = client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=TOOLS, tool_choice="auto", seed=3,
+        temperature=0, max_tokens=48).choices[0].message
+    assert streamed == (whole.content or "") or whole.tool_calls
+    back = [*ASK,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"}]
+    answer = client.chat.completions.create(model="smollm2", messages=back, tools=TOOLS,
+                                            max_tokens=32)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert answer.usage is not None
+    longer = client.chat.completions.create(model="smollm2", messages=ASK, tools=TOOLS,
+                                            max_tokens=1)
+    assert answer.usage.prompt_tokens > longer.usage.prompt_tokens  # the result was read
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "function.name"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "does not declare"),
+    ({"tool_choice": "required"}, "without tools"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+])
+def test_bad_tools_are_a_400_naming_them(node: Node, extra: dict[str, Any], words: str) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=words):
+        _client(node).chat.completions.create(**{"model": "smollm2", "messages": ASK,
+                                                 "max_tokens": 4, **extra})
+
+
+def test_n_choices_are_served_and_refused_clearly_when_streamed(node: Node) -> None:
+    import openai
+
+    client = _client(node)
+    answer = client.chat.completions.create(model="smollm2", messages=ASK, n=3, seed=7,
+                                            temperature=1.0, max_tokens=8)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert all(c.message.content for c in answer.choices)
+    assert answer.usage is not None and answer.usage.completion_tokens <= 24
+    with pytest.raises(openai.BadRequestError, match="n > 1 needs stream false"):
+        list(client.chat.completions.create(model="smollm2", messages=ASK, n=2, stream=True,
+                                            max_tokens=4))
+    with pytest.raises(openai.BadRequestError, match="n must be an integer"):
+        client.chat.completions.create(model="smollm2", messages=ASK, n=99, max_tokens=4)
+
+
 def test_json_object_output_is_an_object(node: Node) -> None:
     """json_object has no bound on its length: an answer that ends ("stop")
     is one JSON object; one cut by max_tokens is OpenAI's "length"."""

@@ -28,6 +28,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                504: "api_error"}
 ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
              "/v1/embeddings": "embeddings"}
+#: Most choices one request may ask for (n).
+MAX_N = 8
 #: Seconds between two looks at runtimed's free slots.
 LOAD_INTERVAL = 1.0
 #: Seconds between two asks for a LAN peer's advertisement.
@@ -113,8 +115,9 @@ def _check(endpoint: str, body: Any) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not 0 <= value <= 2):
             raise BadRequest(f"{name} must be a number between 0 and 2", name)
-    if body.get("n", 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N):
+        raise BadRequest(f"n must be an integer from 1 to {MAX_N}", "n")
     if "response_format" in body:
         _check_response_format(body["response_format"])
 

@@ -2,14 +2,17 @@
 their chunks mapped to OpenAI chat.completion(.chunk) and text_completion
 objects."""
 
+import asyncio
 import json
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from syntrop.config import Paths
+from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers import ProviderError
 
@@ -17,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 #: The chat roles runtimed's templates take.
 ROLES = ("system", "user", "assistant")
+#: The roles a request may use: those, and OpenAI's developer (a system
+#: turn) and tool (a result, rewritten as a user turn: routerd/tools.py).
+ACCEPTED_ROLES = (*ROLES, "developer", "tool")
 
 
 def _sampling(body: dict[str, Any]) -> Any:
@@ -33,21 +39,37 @@ def _sampling(body: dict[str, Any]) -> Any:
     )
 
 
-def _constraint(body: dict[str, Any]) -> Any:
-    """OpenAI's response_format as runtimed's constraint: json_object is
-    any JSON object, json_schema its schema (always strict: the output is
-    decoded under the schema, so it validates); text or none, free text."""
-    from syntrop.interfaces.runtime import Constraint
-
+def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's response_format as a JSON Schema: json_object is any JSON
+    object, json_schema its schema (always strict: the output is decoded
+    under the schema, so it validates); text or none, None."""
     value = body.get("response_format")
     if not isinstance(value, dict):
         return None
     if value.get("type") == "json_object":
-        return Constraint(json_schema='{"type": "object"}')
+        return {"type": "object"}
     if value.get("type") == "json_schema":
-        schema = value.get("json_schema", {}).get("schema") or {"type": "object"}
-        return Constraint(json_schema=json.dumps(schema))
+        schema: dict[str, Any] = value.get("json_schema", {}).get("schema") or {"type": "object"}
+        return schema
     return None
+
+
+def _plan(endpoint: str, body: dict[str, Any]) -> "tools.Plan | None":
+    """A chat request's tools (routerd/tools.py); a 400 when malformed."""
+    if endpoint != "chat/completions":
+        return None
+    try:
+        return tools.plan(body, _response_schema(body))
+    except tools.ToolsError as bad:
+        raise ProviderError(400, str(bad), retryable=False) from None
+
+
+def _constraint(body: dict[str, Any], plan: "tools.Plan | None") -> Any:
+    """runtimed's constraint: the tools' reply schema, else response_format's."""
+    from syntrop.interfaces.runtime import Constraint
+
+    schema = plan.schema if plan is not None else _response_schema(body)
+    return None if schema is None else Constraint(json_schema=json.dumps(schema))
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -83,11 +105,14 @@ def _failed(error: Exception) -> ProviderError:
     return ProviderError(502, f"runtimed failed: {error}")
 
 
-def _content(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
+@dataclass(slots=True)
+class _Whole:
+    """One generation, collected."""
+
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    prompt: int = 0
+    finish: str | None = None
 
 
 class RuntimedProvider:
@@ -107,26 +132,31 @@ class RuntimedProvider:
         except (OSError, CallTimeout) as error:
             raise ProviderError(502, f"runtimed unreachable: {error}") from None
 
-    async def _chunks(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _chunks(self, endpoint: str, body: dict[str, Any],
+                      plan: "tools.Plan | None" = None) -> AsyncIterator[Any]:
         from asyncvarlink import VarlinkErrorReply
 
         from syntrop.interfaces.runtime import ChatMessage
         from syntrop.varlink.client import CallTimeout
 
+        if endpoint == "chat/completions":
+            for index, message in enumerate(body["messages"]):
+                if message.get("role") not in ACCEPTED_ROLES:
+                    raise ProviderError(
+                        400, f"messages[{index}].role {message.get('role')!r} is not one "
+                             f"runtimed serves ({', '.join(ACCEPTED_ROLES)})", retryable=False)
+            try:
+                turns = tools.messages(body, plan)
+            except tools.ToolsError as bad:
+                raise ProviderError(400, str(bad), retryable=False) from None
         client = await self._client()
         async with client:
             try:
                 if endpoint == "chat/completions":
-                    messages = [ChatMessage(role=str(m.get("role")), content=_content(m))
-                                for m in body["messages"]]
-                    for index, message in enumerate(messages):
-                        if message.role not in ROLES:
-                            raise ProviderError(
-                                400, f"messages[{index}].role {message.role!r} is not one "
-                                     f"runtimed serves ({', '.join(ROLES)})", retryable=False)
+                    messages = [ChatMessage(role=role, content=text) for role, text in turns]
                     replies = client.Chat(model=body["model"], messages=messages,
                                           sampling=_sampling(body),
-                                          constraint=_constraint(body))
+                                          constraint=_constraint(body, plan))
                 else:
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
                                               sampling=_sampling(body))
@@ -136,28 +166,45 @@ class RuntimedProvider:
                 raise _failed(error) from None
 
     async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
+        if (body.get("n") or 1) > 1:
+            raise ProviderError(400, "runtimed streams one choice: n > 1 needs stream false",
+                                retryable=False)
+        plan = _plan(endpoint, body)
         ident = ("chatcmpl-" if endpoint == "chat/completions" else "cmpl-") + os.urandom(8).hex()
         created = int(time.time())
-        first = True
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         tokens = prompt = 0
         kind = "chat.completion.chunk" if endpoint == "chat/completions" else "text_completion"
-        async for chunk in self._chunks(endpoint, body):
+
+        def out(choice: dict[str, Any]) -> str:
+            return json.dumps({"id": ident, "object": kind, "created": created,
+                               "model": body["model"], "choices": [choice],
+                               **({"usage": None} if include_usage else {})})
+
+        role: dict[str, Any] = {"role": "assistant"}  # on the first delta only
+        calls = tools.ToolStream(plan) if plan is not None else None
+        async for chunk in self._chunks(endpoint, body, plan):
             tokens += chunk.tokens
             prompt = chunk.prompt_tokens or prompt
-            if endpoint == "chat/completions":
-                delta: dict[str, Any] = {"content": chunk.text}
-                if first:
-                    delta["role"] = "assistant"
-                choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                          "finish_reason": chunk.finish_reason}
-            else:
-                choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason}
-            first = False
-            yield json.dumps({"id": ident, "object": kind, "created": created,
-                              "model": body["model"], "choices": [choice],
-                              **({"usage": None} if include_usage else {})})
+            if endpoint != "chat/completions":
+                yield out({"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason})
+                continue
+            if calls is None:
+                yield out({"index": 0, "delta": {**role, "content": chunk.text},
+                           "finish_reason": chunk.finish_reason})
+                role = {}
+                continue
+            deltas = calls.feed(chunk.text)
+            finish = None
+            if chunk.finish_reason is not None:
+                last, finish = calls.finish(chunk.finish_reason)
+                deltas += last
+            for delta in deltas or [{}]:
+                yield out({"index": 0, "delta": {**role, **delta}, "finish_reason": None})
+                role = {}
+            if finish is not None:
+                yield out({"index": 0, "delta": {}, "finish_reason": finish})
         if include_usage:  # OpenAI's last chunk: no choices, the usage
             yield json.dumps({"id": ident, "object": kind, "created": created,
                               "model": body["model"], "choices": [],
@@ -204,29 +251,45 @@ class RuntimedProvider:
             return None
         return int(load["free_slots"])
 
+    async def _collect(self, endpoint: str, body: dict[str, Any],
+                       plan: "tools.Plan | None") -> "_Whole":
+        whole = _Whole()
+        async for chunk in self._chunks(endpoint, body, plan):
+            whole.parts.append(chunk.text)
+            whole.tokens += chunk.tokens
+            whole.finish = chunk.finish_reason or whole.finish
+            whole.prompt = chunk.prompt_tokens or whole.prompt
+        return whole
+
     async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         if endpoint == "embeddings":
             return await self._embed(body)
-        parts: list[str] = []
-        tokens = prompt = 0
-        finish = None
-        async for chunk in self._chunks(endpoint, body):
-            parts.append(chunk.text)
-            tokens += chunk.tokens
-            finish = chunk.finish_reason or finish
-            prompt = chunk.prompt_tokens or prompt
-        text = "".join(parts)
-        usage = _usage(prompt, tokens)
+        plan = _plan(endpoint, body)
+        n = body.get("n") or 1
+        # n choices: n generations side by side (runtimed's slots batch
+        # them), each its own seed when one is given, so they differ.
+        seed = body.get("seed")
+        wholes = await asyncio.gather(*(
+            self._collect(endpoint, body if seed is None else {**body, "seed": seed + index},
+                          plan) for index in range(n)))
+        usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes))
+        choices: list[dict[str, Any]] = []
+        for index, whole in enumerate(wholes):
+            text, finish = "".join(whole.parts), whole.finish or "stop"
+            if endpoint != "chat/completions":
+                choices.append({"index": index, "text": text, "finish_reason": finish})
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if plan is not None:
+                message, finish = tools.reply(text, plan, finish)
+            choices.append({"index": index, "finish_reason": finish, "message": message})
         if endpoint == "chat/completions":
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish or "stop",
-                                      "message": {"role": "assistant", "content": text}}
             return {"id": "chatcmpl-" + os.urandom(8).hex(), "object": "chat.completion",
                     "created": int(time.time()), "model": body["model"],
-                    "choices": [choice], "usage": usage}
+                    "choices": choices, "usage": usage}
         return {"id": "cmpl-" + os.urandom(8).hex(), "object": "text_completion",
                 "created": int(time.time()), "model": body["model"],
-                "choices": [{"index": 0, "text": text, "finish_reason": finish or "stop"}],
-                "usage": usage}
+                "choices": choices, "usage": usage}
 
     async def probe(self) -> str:
         """A real check (Router1.TestProvider): runtimed's engine state and a
