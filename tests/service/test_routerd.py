@@ -51,6 +51,8 @@ async def _answer(conn: h11.Connection, request: h11.Request, body: bytes,
         return False
     if kind == "/broken":
         send_json(conn, writer, b'{"error": {"message": "boom"}}', status=500)
+    elif kind == "/echo":  # the request as received, as the answer's content
+        send_json(conn, writer, _chat("e", body.decode()))
     elif path == "/models":
         send_json(conn, writer, {"object": "list", "data": [
             {"id": "discovered", "object": "model"}]})
@@ -119,6 +121,12 @@ id = "garbage"
 kind = "openai"
 endpoint = "http://127.0.0.1:{port}/garbage/v1"
 models = ["g"]
+
+[[providers]]
+id = "echo"
+kind = "openai"
+endpoint = "http://127.0.0.1:{port}/echo/v1"
+models = ["e"]
 
 [[providers]]
 id = "hang"
@@ -249,7 +257,7 @@ def test_models_list_configured_discovered_and_aliases(router: Router) -> None:
 @pytest.mark.parametrize(("body", "status", "code"), [
     (b"{not json", 400, "invalid_json"),
     (b'{"model": "m1", "messages": "hi"}', 400, "invalid_value"),
-    (b'{"model": "m1", "messages": [{"role": "user"}], "n": 2}', 400, "invalid_value"),
+    (b'{"model": "m1", "messages": [{"role": "user"}], "n": 0}', 400, "invalid_value"),
     (b'{"model": "nope", "messages": [{"role": "user"}]}', 404, "model_not_found"),
     (b'{"model": "g", "messages": [{"role": "user"}]}', 502, "upstream_error"),
     (b'{"model": "h", "messages": [{"role": "user"}]}', 504, "upstream_timeout"),
@@ -400,3 +408,62 @@ def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> Non
             sock.sendall(junk)
             assert sock.recv(65536).startswith(b"HTTP/1.1 400"), junk
     assert router.request("GET", "/health")[0] == 200
+
+
+def test_openai_fields_pass_through_to_a_remote_provider_unchanged(router: Router) -> None:
+    """tools, tool_choice, logprobs, n, response_format: runtimed's mapping
+    is not applied to an OpenAI-style upstream, which gets them as sent."""
+    fields: dict[str, Any] = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "tool_choice": "required", "parallel_tool_calls": False, "logprobs": True,
+        "top_logprobs": 2, "n": 2, "user": "u1", "frequency_penalty": 0.5,
+        "response_format": {"type": "json_object"}}
+    status, answer = router.request("POST", "/v1/chat/completions", _chat_body("e", **fields))
+    assert status == 200, answer
+    received = json.loads(answer["choices"][0]["message"]["content"])
+    assert {key: received[key] for key in fields} == fields
+
+
+def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
+    """With http.api_keys_file: no key, a wrong key or another scheme is a
+    401 in OpenAI's shape (and WWW-Authenticate), a listed key passes (here
+    to a 404: no provider), /health needs none; the official client agrees."""
+    import openai
+
+    (tmp_path / "config").mkdir(parents=True)
+    (tmp_path / "keys").write_text("# one a line\nsk-first\nsk-second\n")
+    (tmp_path / "config" / "routerd.toml").write_text(
+        f'providers = []\n[http]\nlisten = ["127.0.0.1:0"]\napi_keys_file = "{tmp_path}/keys"\n')
+    with activated("routerd", tmp_path) as daemon:
+        router = Router(daemon.address, daemon.process.pid)
+        try:
+            body = json.dumps(_chat_body("m1")).encode()
+
+            def post(headers: dict[str, str]) -> tuple[int, Any, str | None]:
+                connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=10)
+                connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+                response = connection.getresponse()
+                answer = json.loads(response.read())
+                connection.close()
+                return response.status, answer, response.getheader("www-authenticate")
+
+            for headers in ({}, {"authorization": "Bearer sk-wrong"},
+                            {"authorization": "Basic c2stZmlyc3Q="},
+                            {"authorization": "Bearer "}):
+                status, answer, challenge = post(headers)
+                assert status == 401, headers
+                assert answer["error"]["code"] == "invalid_api_key"
+                assert answer["error"]["type"] == "invalid_request_error"
+                assert challenge is not None and challenge.startswith("Bearer")
+            for key in ("sk-first", "sk-second"):
+                status, answer, _ = post({"authorization": f"Bearer {key}"})
+                assert status == 404 and answer["error"]["code"] == "model_not_found"
+            assert router.request("GET", "/health")[0] == 200
+            base = f"http://127.0.0.1:{router.port}/v1"
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0).models.list()
+            listed = openai.OpenAI(base_url=base, api_key="sk-first", max_retries=0)
+            assert [m.id for m in listed.models.list()] == ["router:fast", "router:hard",
+                                                            "router:auto"]
+        finally:
+            router.close()
