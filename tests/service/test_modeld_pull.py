@@ -87,6 +87,8 @@ def test_pull_ollama_from_the_configured_and_a_named_registry(
     registry.add_ollama("library", "tiny", "q8", path)
     model = store.syn_json("pull", "ollama://tiny:q8")
     assert (model["name"], model["tag"], model["digest"]) == ("tiny", "q8", digest)
+    bare = store.syn_json("pull", "tiny:q8", "--name", "bare:q8")  # as ollama's CLI reads it
+    assert (bare["digest"], bare["source"]) == (digest, "ollama://library/tiny:q8")
     named = store.syn_json("pull", f"ollama://{registry.host}/library/tiny:q8", "--insecure",
                            "--name", "other:q8")
     assert named["digest"] == digest
@@ -389,9 +391,19 @@ def test_list_show_rm_pin_unpin_prune_commands(store: Store, registry: LoopbackR
     assert one_line_error(store.syn("rm", "other:v1")) == "syn: no model named other:v1"
     line = one_line_error(store.syn("show", "../etc"))
     assert line.startswith("syn: invalid model name '../etc'")
-    line = one_line_error(store.syn("pull", "smollm2"))  # an ollama-style bare name
-    assert line == ("syn: smollm2: no such file here. A registry's model needs its scheme: "
-                    "syn pull ollama://smollm2 or hf://ORG/REPO/FILE.gguf")
+    # An ollama-style bare name: the configured default registry has no
+    # smollm2 (a 404 naming the reference it became); with no registry
+    # configured, a message saying how to configure or name one.
+    line = one_line_error(store.syn("pull", "smollm2"))
+    assert "ollama://library/smollm2:latest" in line and "404" in line
+    empty = tmp_path / "empty-config"
+    empty.mkdir()
+    line = one_line_error(store.syn("pull", "smollm2:q4", CONFIGURATION_DIRECTORY=str(empty)))
+    assert line == (
+        "syn: smollm2:q4: no such file here, and no default registry for bare names is "
+        f"configured. Set endpoint in [ollama] of {empty}/pull.toml (or "
+        "$SYNTROP_OLLAMA_ENDPOINT) to pull it as ollama://library/smollm2:q4, or name the "
+        "registry: syn pull ollama://REGISTRY/library/smollm2:q4, or hf://ORG/REPO/FILE.gguf")
     line = one_line_error(store.syn("pull", "ftp://x/y"))
     assert "unknown scheme ftp://" in line
     assert "invalid model name" in one_line_error(store.syn("pull", REF, "--name", "a/b"))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import httpx
 
     from syntrop.interfaces.model import Model, PullProgress
-    from syntrop.modeld.refs import Reference
+    from syntrop.modeld.refs import PathRef, Reference
     from syntrop.modeld.registries import Artifact
     from syntrop.varlink.client import Client
 
@@ -333,6 +333,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     try:
         reference = refs.parse(args.reference)
+        if isinstance(reference, refs.PathRef):
+            reference = _bare_name(reference)
+            args.reference = str(reference)  # messages and the source name what it became
     except refs.InvalidReference as error:
         raise CliError(str(error)) from None
     if args.name is not None:
@@ -360,15 +363,41 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+#: NAME or NAME:TAG, as ollama pulls its models by.
+_BARE = re.compile(r"[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9._-]+)?")
+
+
+def _bare_name(reference: "PathRef") -> "Reference":
+    """A bare NAME[:TAG] that is no file here, as ollama's own CLI reads
+    it: library/NAME:TAG of the configured default ollama-style registry.
+    Without one configured, a message saying how to configure or name it."""
+    from syntrop.config import ConfigError, paths
+    from syntrop.modeld import refs
+    from syntrop.modeld.registries import Settings
+
+    text = reference.path
+    if os.path.lexists(text) or not _BARE.fullmatch(text):
+        return reference
+    configuration = paths().configuration
+    try:
+        endpoint = Settings.load(configuration, os.environ).ollama_endpoint
+    except ConfigError as error:
+        raise CliError(str(error)) from None
+    if endpoint:
+        return refs.parse(f"ollama://{text}")
+    raise CliError(
+        f"{text}: no such file here, and no default registry for bare names is configured. "
+        f"Set endpoint in [ollama] of {configuration / 'pull.toml'} (or "
+        f"$SYNTROP_OLLAMA_ENDPOINT) to pull it as ollama://library/{text}, or name the "
+        f"registry: syn pull ollama://REGISTRY/library/{text}, or hf://ORG/REPO/FILE.gguf")
+
+
 async def _register_local(path: str, args: argparse.Namespace) -> "Model":
     from asyncvarlink import FileDescriptor
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError:
-        if "/" not in path:  # a bare name, as ollama pulls them: no registry is assumed
-            raise CliError(f"{path}: no such file here. A registry's model needs its scheme: "
-                           f"syn pull ollama://{path} or hf://ORG/REPO/FILE.gguf") from None
         raise CliError(f"{path}: No such file or directory") from None
     except OSError as error:
         raise CliError(f"{path}: {error.strerror}") from None
