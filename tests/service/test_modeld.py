@@ -163,6 +163,10 @@ def test_open_model_passes_a_read_only_descriptor_and_marks_it_in_use(
         assert store.call("Show", name="m")["model"]["last_access_usec"] > before
         assert store.error("Remove", name="m") == (f"{Model1.name}.ModelInUse",
                                                    {"name": "m:latest"})
+        # A second name of the same bytes goes while they are open: no bytes go.
+        store.call("Register", name="alias", path=str(path))
+        store.call("Remove", name="alias")
+        assert store.error("Remove", name="m")[0] == f"{Model1.name}.ModelInUse"
         assert store.call("Prune", budget_bytes=0) == {"freed_bytes": 0, "removed": [],
                                                       "remaining_bytes": size}
     finally:

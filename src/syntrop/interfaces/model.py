@@ -294,7 +294,8 @@ class Model1(Interface, name=NAME):
     def Remove(self, *, name: str) -> None:
         """Remove a model's name; its blob goes when no name uses it.
         Refused with ModelInUse while a descriptor from OpenModel of its blob
-        is open. Root and modeld's own user only.
+        is open and no other name uses that blob. Root and modeld's own user
+        only.
 
         Parameters:
             name: name[:tag].

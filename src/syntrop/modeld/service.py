@@ -484,7 +484,11 @@ class ModelService(Model1):
             entry = self.entries.get(entry.key) or entry
             if entry.key not in self.entries:
                 raise ModelNotFound(name=f"{entry.name}:{entry.tag}")
-            if self.tree.in_use(entry.digest):
+            # Only the last name of a blob held open is refused: removing
+            # another name of the same bytes removes no bytes.
+            shared = any(e.digest == entry.digest and e.key != entry.key
+                         for e in self.entries.values())
+            if not shared and self.tree.in_use(entry.digest):
                 raise ModelInUse(name=f"{entry.name}:{entry.tag}")
             await self.manifests.remove(keys=[entry.key])
             del self.entries[entry.key]
