@@ -27,10 +27,16 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 apt-deps:
 	@scripts/apt-deps
 
-# An independent Varlink client for the interop tests; they skip, saying
-# why, where it cannot be had.
-varlinkctl:
-	@scripts/fetch-varlinkctl || echo "make: varlinkctl unavailable; its tests will skip" >&2
+# varlinkctl in .venv/bin beside syn and routerctl: the system's (systemd
+# >= 255), else one fetched into build/varlinkctl/. Also the independent
+# client of the interop tests; they skip, saying why, where none can be had.
+varlinkctl: $(STAMP)
+	@system=$$(PATH=$$(echo "$$PATH" | tr ':' '\n' | grep -vx "$(CURDIR)/$(VENV)/bin" | paste -sd:) \
+		command -v varlinkctl); \
+	if [ -n "$$system" ]; then ln -sf "$$system" $(VENV)/bin/varlinkctl; \
+	elif scripts/fetch-varlinkctl >/dev/null; then \
+		ln -sf "$(CURDIR)/build/varlinkctl/varlinkctl" $(VENV)/bin/varlinkctl; \
+	else echo "make: varlinkctl unavailable; its tests will skip" >&2; fi
 
 # All three tiers. The closing section says how many tests each tier ran.
 test: apt-deps $(STAMP) varlinkctl
@@ -43,8 +49,9 @@ test-service: $(STAMP) varlinkctl
 test-system: apt-deps $(STAMP) varlinkctl
 	$(PY) -m pytest tests/system
 
-# The suite in dev mode: sockets bound now, daemons started on first use.
-run: $(STAMP)
+# The suite in dev mode: sockets (and routerd's HTTP port) bound now,
+# daemons started on first use, the default model (SmolLM2) registered.
+run: $(STAMP) varlinkctl
 	$(VENV)/bin/syn up
 	@echo "stop with: $(VENV)/bin/syn down"
 down: $(STAMP)

@@ -95,6 +95,15 @@ def locate(explicit: Path | None = None) -> Path | None:
     return default if is_launcher_directory(default) else None
 
 
+def use_dev_suite() -> None:
+    """Point $RUNTIME_DIRECTORY at the dev suite `locate` finds, unless it
+    is set: what every command but syn's dev ones (which take --dir) calls
+    first, so syn and routerctl find the suite `make run` started."""
+    found = locate()
+    if found is not None and not os.environ.get("RUNTIME_DIRECTORY"):
+        os.environ["RUNTIME_DIRECTORY"] = str(found / "run")
+
+
 @dataclass(slots=True)
 class _State:
     pid: int | None = None
@@ -312,7 +321,12 @@ class Launcher:
 
 async def serve(directory: Path, *, idle_timeout: float) -> None:
     launcher = Launcher(directory, idle_timeout=idle_timeout)
-    launcher.bind()
+    try:
+        launcher.bind()
+    except OSError as error:  # e.g. a directory too deep for a socket path (108 bytes)
+        logger.error("cannot bind the sockets in %s: %s", directory / "run",
+                     error.strerror or error)
+        raise SystemExit(1) from None
     for signum in (signal.SIGTERM, signal.SIGINT):
         launcher.loop.add_signal_handler(signum, launcher.stopped.set)
     (directory / "launcher.pid").write_text(f"{os.getpid()}\n")

@@ -91,6 +91,9 @@ def format_route(candidates: list[Any], explain: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from syntrop.cli.launcher import use_dev_suite
+
+    use_dev_suite()  # the dev suite of `make run`, as syn finds it
     top = argparse.ArgumentParser(prog="routerctl", description="Operate routerd.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("status", help="routerd's status")

