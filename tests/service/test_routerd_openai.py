@@ -262,8 +262,15 @@ def test_tool_choice_auto_and_none_answer_or_call_and_results_go_back(node: Node
      "does not declare"),
     ({"tool_choice": "required"}, "without tools"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+     "image_url content part is not supported"),
+    ({"frequency_penalty": 0.5}, "does not support frequency_penalty"),
+    ({"logit_bias": {"50256": -100}}, "does not support logit_bias"),
 ])
-def test_bad_tools_are_a_400_naming_them(node: Node, extra: dict[str, Any], words: str) -> None:
+def test_what_runtimed_cannot_do_is_a_400_naming_it(
+        node: Node, extra: dict[str, Any], words: str) -> None:
     import openai
 
     with pytest.raises(openai.BadRequestError, match=words):

@@ -150,9 +150,18 @@ def instructions(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):  # parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+def _text(content: Any, index: int = 0) -> str:
+    """A message's text; content parts other than text (images, audio) are
+    refused: runtimed's models read text only, and dropping them silently
+    would answer a question nobody asked."""
+    if isinstance(content, list):
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ToolsError(f"messages[{index}]: runtimed reads text only; a "
+                                 f"{kind or 'non-object'} content part is not supported",
+                                 "messages")
+        return "".join(str(part.get("text", "")) for part in content)
     return content if isinstance(content, str) else ""
 
 
@@ -184,11 +193,11 @@ def messages(body: dict[str, Any], plan: Plan | None) -> list[tuple[str, str]]:
                                  "messages")
             named = f" ({names[ident]})" if ident in names else ""
             turns.append(("user", f"Result of function call {ident}{named}:\n"
-                                  f"{_text(message.get('content'))}"))
+                                  f"{_text(message.get('content'), index)}"))
         elif role == "developer":  # OpenAI's newer name for system
-            turns.append(("system", _text(message.get("content"))))
+            turns.append(("system", _text(message.get("content"), index)))
         else:
-            turns.append((str(role), _text(message.get("content"))))
+            turns.append((str(role), _text(message.get("content"), index)))
     if plan is not None:
         told = instructions(plan)
         first = next((i for i, (role, _) in enumerate(turns) if role == "system"), None)

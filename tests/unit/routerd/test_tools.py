@@ -97,6 +97,9 @@ def test_messages_carry_instructions_calls_and_results() -> None:
     assert without[0][0] == "system"  # the instructions get a turn of their own
     with pytest.raises(tools.ToolsError, match="tool_call_id"):
         tools.messages({"messages": [{"role": "tool", "content": "x"}]}, None)
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    with pytest.raises(tools.ToolsError, match=r"messages\[1\]: runtimed reads text only"):
+        tools.messages({"messages": [{"role": "user", "content": "hi"}, image]}, None)
 
 
 def test_a_reply_becomes_calls_or_content() -> None:

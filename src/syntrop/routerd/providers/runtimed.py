@@ -54,8 +54,22 @@ def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+#: OpenAI sampling fields runtimed has no equivalent of, with the value
+#: that means "off": any other value is refused rather than ignored.
+UNSUPPORTED = {"frequency_penalty": (None, 0), "presence_penalty": (None, 0),
+               "logit_bias": (None, {}), "audio": (None,), "prediction": (None,)}
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    for name, off in UNSUPPORTED.items():
+        if body.get(name) not in off:
+            raise ProviderError(400, f"runtimed does not support {name}", retryable=False)
+
+
 def _plan(endpoint: str, body: dict[str, Any]) -> "tools.Plan | None":
-    """A chat request's tools (routerd/tools.py); a 400 when malformed."""
+    """A chat request's tools (routerd/tools.py); a 400 when malformed or
+    asking for what runtimed cannot do."""
+    _unsupported(body)
     if endpoint != "chat/completions":
         return None
     try:
