@@ -20,6 +20,12 @@ always as a whole — until it fits. Preempted leases become `frozen`. A
 frozen lease is thawed as soon as active leases leave room for it again
 (normally when the emergency lease ends). Invariant: Σ active ≤ total on every
 plane, always.
+
+Compute. Memory is not all an emergency may need: on the CPU plane the
+triage model and a Batch stream fit side by side and still fight for the
+same cores. An *exclusive* EmergencyTriage lease takes the plane's compute
+too: every active lower-priority lease on its planes is frozen while it
+lives, memory or not, and none of them thaws before it ends.
 """
 
 from collections.abc import Iterable
@@ -62,6 +68,10 @@ class Exhausted(ArbiterError):
         self.plane, self.requested, self.available = plane, requested, available
 
 
+class NotExclusive(ArbiterError):
+    """Only EmergencyTriage may take a plane's compute."""
+
+
 class LeaseUnknown(ArbiterError):
     def __init__(self, lease_id: str) -> None:
         super().__init__(lease_id)
@@ -90,6 +100,8 @@ class Lease:
     unit: str | None = None
     group: str | None = None  # composite lease id; None for a single lease
     seq: int = 0  # grant order, for "newest first"
+    #: EmergencyTriage only: holds its planes' compute, not only memory.
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,20 +197,30 @@ class Arbiter:
         pid: int | None = None,
         unit: str | None = None,
         group: str | None = None,
+        exclusive: bool = False,
     ) -> Grant:
         """Grant every (plane, bytes) request, or none (raises).
 
         One request is a single lease; several are a composite lease whose
-        members share `group`. Planes must be distinct.
+        members share `group`. Planes must be distinct. `exclusive`
+        (EmergencyTriage only) also freezes every lower-priority lease on
+        those planes.
         """
         for _, memory in requests:
             check_request(priority, memory)
+        if exclusive and priority != EMERGENCY:
+            raise NotExclusive(priority)
         planes = [plane for plane, _ in requests]
         if len(set(planes)) != len(planes):
             raise ArbiterError("duplicate plane")
         preempted: dict[str, Lease] = {}
         for plane, memory in requests:
             self._plane(plane)
+            if exclusive:  # the plane's compute: everyone below, whole gangs
+                for lease in self._on(plane):
+                    if lease.state == "active" and PRIORITIES[lease.priority] < \
+                            PRIORITIES[priority]:
+                        preempted.update((m.id, m) for m in self.members(lease))
             free = self.available(plane, priority)
             if priority != EMERGENCY:
                 if memory > free:
@@ -225,6 +247,7 @@ class Arbiter:
             lease = Lease(
                 id=lease_id, plane=plane, memory=memory, priority=priority, state="active",
                 owner_uid=owner_uid, pid=pid, unit=unit, group=group, seq=self._seq,
+                exclusive=exclusive,
             )
             self.leases[lease.id] = lease
             granted.append(lease)
@@ -256,12 +279,19 @@ class Arbiter:
             members = self.members(lease)
             done.update(m.id for m in members)
             if all(
-                self.active(m.plane) + m.memory <= self.planes[m.plane].total for m in members
+                self.active(m.plane) + m.memory <= self.planes[m.plane].total
+                and not self.held_exclusively(m.plane, m.priority) for m in members
             ):
                 for member in members:
                     self.leases[member.id] = replace(member, state="active")
                     thawed.append(self.leases[member.id])
         return thawed
+
+    def held_exclusively(self, plane: str, priority: str) -> bool:
+        """Whether an exclusive lease above `priority` holds `plane`."""
+        return any(lease.exclusive and lease.state == "active"
+                   and PRIORITIES[lease.priority] > PRIORITIES[priority]
+                   for lease in self._on(plane))
 
     def set_frozen(self, lease_id: str, frozen: bool) -> list[Lease]:
         """Explicit Freeze/Thaw of a lease (and its composite siblings)."""
@@ -272,6 +302,7 @@ class Arbiter:
         members = self.members(lease)
         if not frozen and any(
             self.active(m.plane) + m.memory > self.planes[m.plane].total
+            or self.held_exclusively(m.plane, m.priority)
             for m in members
             if m.state == "frozen"
         ):

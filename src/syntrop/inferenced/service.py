@@ -260,6 +260,7 @@ class InferenceService(Inference1):
         pid: int | None,
         group: Group | None = None,
         slices: list[PlaneSlice] | None = None,
+        exclusive: bool = False,
     ) -> list[arb.Lease]:
         peer = current_peer()
         if pid is None:
@@ -272,7 +273,7 @@ class InferenceService(Inference1):
         try:
             grant = self.arbiter.acquire(
                 requests, ids=ids, priority=priority, owner_uid=peer.uid, pid=pid,
-                unit=unit, group=group.id if group else None,
+                unit=unit, group=group.id if group else None, exclusive=exclusive,
             )
         except arb.PlaneUnknown as error:
             raise PlaneNotFound(plane=error.plane) from None
@@ -289,6 +290,13 @@ class InferenceService(Inference1):
         except arb.ArbiterError:
             raise InvalidParameter(parameter="slices") from None
         target = self._target_cgroup(unit, pid)
+        if target is not None and unit is None and pid != peer.pid and \
+                target == cgroup.cgroup_of_pid(peer.pid):
+            # A child in its parent's cgroup (a daemon's worker that has no
+            # cgroup of its own): freezing it would freeze the caller too.
+            logger.info("lease for pid %s: its cgroup %s is its leaser's; never frozen",
+                        pid, target)
+            target = None
         new = []
         for index, lease in enumerate(grant.leases):
             piece = slices[index] if slices else None
@@ -428,10 +436,13 @@ class InferenceService(Inference1):
         plane: str | None,
         unit: str | None,
         pid: int | None,
+        exclusive: bool | None = None,
     ) -> AcquireLeaseResult:
         _check_name(unit, "unit")
         if priority not in arb.PRIORITIES:
             raise InvalidParameter(parameter="priority")
+        if exclusive and priority != arb.EMERGENCY:
+            raise InvalidParameter(parameter="exclusive")
         if not 0 < memory_bytes <= arb.MAX_LEASE_BYTES:
             raise InvalidParameter(parameter="memory_bytes")
         if pid is not None and pid <= 0:
@@ -442,7 +453,8 @@ class InferenceService(Inference1):
                 self._rescan()  # a device plugged in since the last scan
             target = plane if plane is not None else self._best_plane(priority, memory_bytes)
             (lease,) = await self._grant(
-                [(target, memory_bytes)], priority=priority, unit=unit, pid=pid
+                [(target, memory_bytes)], priority=priority, unit=unit, pid=pid,
+                exclusive=bool(exclusive),
             )
         return {"lease_id": lease.id, "plane_id": lease.plane, "allocated_memory": lease.memory}
 
@@ -570,7 +582,7 @@ class InferenceService(Inference1):
             LeaseInfo(
                 id=r.lease.id, plane_id=r.lease.plane, allocated_memory=r.lease.memory,
                 priority=r.lease.priority, state=r.lease.state, client_unit=r.lease.unit,
-                client_pid=r.lease.pid,
+                client_pid=r.lease.pid, exclusive=r.lease.exclusive or None,
             )
             for r in sorted(self.records.values(), key=lambda r: r.lease.seq)
             if r.lease.group is None

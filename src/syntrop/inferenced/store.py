@@ -46,6 +46,8 @@ MIGRATIONS = (
         reason TEXT NOT NULL
     )
     """,
+    # An exclusive EmergencyTriage lease holds its plane's compute.
+    "ALTER TABLE leases ADD COLUMN exclusive INTEGER NOT NULL DEFAULT 0",
 )
 
 
@@ -81,7 +83,7 @@ def _row(record: LeaseRecord) -> tuple[object, ...]:
     return (
         lease.id, lease.plane, lease.memory, lease.priority, lease.state, lease.owner_uid,
         lease.pid, record.pid_start, lease.unit, record.cgroup, lease.group, record.role,
-        record.stage_index, lease.seq,
+        record.stage_index, lease.seq, int(lease.exclusive),
     )
 
 
@@ -98,6 +100,7 @@ class Store:
                     lease=Lease(
                         id=r[0], plane=r[1], memory=r[2], priority=r[3], state=r[4],
                         owner_uid=r[5], pid=r[6], unit=r[8], group=r[10], seq=r[13],
+                        exclusive=bool(r[14]),
                     ),
                     pid_start=r[7], cgroup=r[9], role=r[11], stage_index=r[12],
                 )
@@ -127,7 +130,7 @@ class Store:
                 c.execute("INSERT OR REPLACE INTO groups VALUES (?, ?, ?)",
                           (group.id, group.gang_id, group.gang_policy))
             c.executemany(
-                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO leases VALUES ({', '.join('?' * 15)})",
                 [_row(r) for r in records],
             )
             c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])

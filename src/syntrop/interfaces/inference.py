@@ -54,6 +54,8 @@ class LeaseInfo:
         state: active, frozen (preempted by an emergency) or released.
         client_unit: The systemd unit whose cgroup is frozen on preemption.
         client_pid: The process the lease lives and dies with.
+        exclusive: An EmergencyTriage lease holding its plane's compute:
+            every lower-priority lease there is frozen while it lives.
     """
 
     id: str
@@ -63,6 +65,7 @@ class LeaseInfo:
     state: str
     client_unit: str | None
     client_pid: int | None
+    exclusive: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,6 +313,7 @@ class Inference1(Interface, name=NAME):
         plane: str | None,
         unit: str | None,
         pid: int | None,
+        exclusive: bool | None = None,
     ) -> AcquireLeaseResult:
         """Lease memory on a plane. EmergencyTriage preempts (freezes)
         Interactive and Batch leases when it must.
@@ -321,6 +325,9 @@ class Inference1(Interface, name=NAME):
             unit: The systemd unit whose cgroup is frozen on preemption.
             pid: The process the lease lives and dies with; defaults to the
                 caller.
+            exclusive: EmergencyTriage only: also take the plane's compute,
+                freezing every Interactive and Batch lease on it (memory or
+                not) until this one ends. Other priorities: InvalidParameter.
 
         Returns:
             lease_id: Lease identifier.

@@ -208,3 +208,32 @@ ArbiterMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None
 )
 test_arbiter_state_machine = ArbiterMachine.TestCase
+
+
+def test_an_exclusive_emergency_takes_the_planes_compute_and_gives_it_back() -> None:
+    """Memory fits for everyone, yet an exclusive emergency freezes every
+    lower-priority lease on its plane (a gang as a whole), none of them
+    thaws while it lives (not even by an explicit Thaw), and all thaw when it
+    ends; leases on other planes are untouched."""
+    from syntrop.inferenced.arbiter import NotExclusive
+
+    a = arbiter()
+    take(a, "i", "gpu1", 1 * GiB, "Interactive")
+    take(a, "b", "gpu1", 1 * GiB, "Batch")
+    take(a, "other", "gpu0", 1 * GiB, "Batch")
+    a.acquire([("gpu1", GiB), ("gpu0", GiB)], ids=["g.0", "g.1"], priority="Batch",
+              owner_uid=0, group="g")
+    assert take(a, "plain", "gpu1", 1 * GiB, "EmergencyTriage") == []  # memory fits
+    a.release("plain")
+    grant = a.acquire([("gpu1", 64 << 20)], ids=["e"], priority="EmergencyTriage",
+                      owner_uid=0, exclusive=True)
+    assert sorted(lease.id for lease in grant.preempted) == ["b", "g.0", "g.1", "i"]
+    assert a.leases["other"].state == "active" and a.leases["e"].exclusive
+    assert a.rebalance() == []
+    with pytest.raises(Exhausted):
+        a.set_frozen("b", False)
+    _, thawed = a.release("e")
+    assert sorted(lease.id for lease in thawed) == ["b", "g.0", "g.1", "i"]
+    with pytest.raises(NotExclusive):
+        a.acquire([("gpu1", 1)], ids=["x"], priority="Interactive", owner_uid=0,
+                  exclusive=True)
