@@ -269,11 +269,11 @@ def test_on_token_false_stops_and_raising_fails_only_its_request(llama: Any) -> 
     seen: list[int] = []
     broken = RuntimeError("scanner failed")
 
-    def stop_after_four(token: int) -> bool:
+    def stop_after_four(token: int, logits: Any) -> bool:
         seen.append(token)
         return len(seen) < 4
 
-    def explode(token: int) -> bool:
+    def explode(token: int, logits: Any) -> bool:
         raise broken
 
     batcher = Batcher(llama, n_seq=3, n_ctx_seq=128, threads=1)
@@ -295,6 +295,44 @@ def test_on_token_false_stops_and_raising_fails_only_its_request(llama: Any) -> 
     assert again.tokens == solo[1]
 
 
+def test_on_token_gets_the_raw_row_only_when_asked(llama: Any) -> None:
+    """With logits, on_token sees the row as the model wrote it (before the
+    processors' masks); without, None."""
+    import numpy as np
+
+    text = prompts(llama, 1)[0]
+    eog = eog_tokens(llama)
+    rows: list[tuple[int, Any]] = []
+    plain: list[Any] = []
+
+    def no_end(input_ids: Any, scores: Any) -> Any:
+        scores[eog] = -float("inf")
+        return scores
+
+    def keep(token: int, logits: Any) -> bool:
+        rows.append((token, logits.copy()))
+        return True
+
+    def record(token: int, logits: Any) -> bool:
+        plain.append(logits)
+        return True
+
+    batcher = Batcher(llama, n_seq=2, n_ctx_seq=128, threads=1)
+    try:
+        asked = batcher.submit(text, 6, processors=[no_end], on_token=keep, logits=True)
+        other = batcher.submit(text, 6, on_token=record)
+        batcher.run()
+    finally:
+        batcher.close()
+    assert plain == [None] * len(other.tokens)
+    assert [t for t, _ in rows] == asked.tokens and len(rows) == 6
+    for token, row in rows:
+        assert row.shape == (int(llama.n_vocab()),) and np.isfinite(row[eog]).all()
+        masked = row.copy()
+        masked[eog] = -np.inf
+        assert token == int(np.argmax(masked))  # greedy, after the mask
+
+
 def test_cancel_from_another_thread(llama: Any) -> None:
     texts = prompts(llama, 2)
     solo = alone_fresh(llama, texts[1], 24)
@@ -311,7 +349,7 @@ def test_cancel_from_another_thread(llama: Any) -> None:
             scores[eog] = -float("inf")
             return scores
 
-        def going(token: int) -> bool:
+        def going(token: int, logits: Any) -> bool:
             started.set()
             return True
 

@@ -135,7 +135,10 @@ class Sampling:
             never reach the text. Null for no budget; models without
             single-token markers answer InvalidSampling.
         speculative: Decode speculatively; null for plain decoding. Not
-            with a constraint or a reasoning budget.
+            with a constraint, a reasoning budget or logprobs.
+        logprobs: Return each generated token's log-probability and this
+            many most likely alternatives (0 to 20); null for none. Not
+            with speculative decoding (InvalidSampling).
     """
 
     max_tokens: int | None
@@ -147,6 +150,7 @@ class Sampling:
     min_p: float | None = None
     reasoning_budget: int | None = None
     speculative: Speculative | None = None
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +179,49 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TopLogprob:
+    """One of the most likely tokens at a position.
+
+    Fields:
+        token: The token's text piece (invalid UTF-8 shown as U+FFFD).
+        logprob: Natural log of its probability, as TokenLogprob's.
+        bytes: The piece's UTF-8 bytes.
+    """
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenLogprob:
+    """A generated token with its log-probability and the most likely
+    alternatives at its position.
+
+    Fields:
+        token: The token's text piece, as it adds to the text (invalid
+            UTF-8 shown as U+FFFD: a character split across tokens has its
+            bytes split too; join bytes for the exact text). Thinking
+            markers and special tokens add nothing: "".
+        logprob: Natural log of the token's probability under the model's
+            own distribution: the log-softmax of the raw logits, before
+            temperature, top-k, top-p, min-p, a constraint's mask or a
+            reasoning budget's forcing. So it is at most 0, and a token a
+            constraint or budget forced may be unlikely here.
+        bytes: The piece's UTF-8 bytes.
+        top: The sampling.logprobs most likely tokens at this position,
+            most likely first (ties: lower token id first); with
+            temperature 0 and no constraint the first is the token itself.
+            Empty for logprobs 0.
+    """
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top: list[TopLogprob] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Chunk:
     """A piece of generated text.
 
@@ -197,6 +244,12 @@ class Chunk:
             dropped from the window by this call's shifts.
         prompt_tokens: On the last chunk of Complete and Chat: tokens of the
             prompt as the model read it (the chat template applied).
+        logprobs: With sampling.logprobs: one entry per token the chunk
+            holds (tokens of them), in order; null otherwise and on the
+            last chunk. Text held back while it may begin a stop string
+            comes in a later chunk than its token's entry, and a stop
+            string's own text is cut while its tokens keep their entries:
+            join the pieces over the stream, not per chunk.
     """
 
     text: str
@@ -209,6 +262,7 @@ class Chunk:
     accepted_tokens: int | None = None
     shifted_tokens: int | None = None
     prompt_tokens: int | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

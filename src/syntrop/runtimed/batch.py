@@ -174,12 +174,15 @@ class Request:
     """One generation sharing the batch; `tokens` grows step by step (in
     the driver thread). Done once `reason` is set: "stop" (end of
     generation, or `on_token` returned False), "length" (max_tokens, or the
-    sequence is full), "cancelled", or "error" (see `error`)."""
+    sequence is full), "cancelled", or "error" (see `error`). `on_token`
+    gets each token and, with `logits`, the raw row it was sampled from
+    (before the processors; valid during the call), else None."""
 
     prompt: list[int]
     max_tokens: int
     processors: tuple[Processor, ...] = ()
-    on_token: Callable[[int], bool] | None = None
+    on_token: Callable[[int, Any], bool] | None = None
+    logits: bool = False
     tokens: list[int] = field(default_factory=list)
     reason: str | None = None
     #: What made it finish with "error": a DecodeError, or what a processor
@@ -312,10 +315,13 @@ class Batcher:
     def submit(self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0,
                top_k: int = 40, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
                processors: Sequence[Processor] = (),
-               on_token: Callable[[int], bool] | None = None) -> Request:
+               on_token: Callable[[int, Any], bool] | None = None,
+               logits: bool = False) -> Request:
         """Queue a request (any thread); it starts at the next step that has
         a free sequence. ValueError for a prompt empty or of n_ctx_seq
-        tokens or more, a token outside the vocabulary, or a bad setting."""
+        tokens or more, a token outside the vocabulary, or a bad setting.
+        With `logits`, `on_token` gets each token's raw logits row too
+        (see `Request`)."""
         import llama_cpp
 
         if not prompt or len(prompt) >= self.n_ctx_seq:
@@ -327,7 +333,7 @@ class Batcher:
         stages = sampler_stages(temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p, seed=seed)
         request = Request(prompt=[int(t) for t in prompt], max_tokens=max_tokens,
-                          processors=tuple(processors), on_token=on_token)
+                          processors=tuple(processors), on_token=on_token, logits=logits)
         if request.processors:
             import numpy as np
 
@@ -466,6 +472,11 @@ class Batcher:
         import llama_cpp
 
         try:
+            raw = None
+            if request.logits:
+                raw = logits(self._ctx, row, self._n_vocab)
+                if request.processors:  # they rewrite the row in place
+                    raw = raw.copy()
             if request.processors:
                 scores = logits(self._ctx, row, self._n_vocab)
                 ids = request.ids[:len(request.prompt) + len(request.tokens)]
@@ -481,7 +492,7 @@ class Batcher:
             request.pending = token
             if request.ids is not None:
                 request.ids[len(request.prompt) + len(request.tokens) - 1] = token
-            if request.on_token is not None and request.on_token(token) is False:
+            if request.on_token is not None and request.on_token(token, raw) is False:
                 self._finish(request, "stop")
                 return
         except Exception as error:

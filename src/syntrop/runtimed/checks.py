@@ -69,7 +69,8 @@ def params(sampling: Sampling | None, n_ctx: int) -> Params:
     try:
         return validate(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                         top_k=s.top_k, seed=s.seed, stop=s.stop, min_p=s.min_p,
-                        reasoning_budget=s.reasoning_budget, n_ctx=n_ctx)
+                        reasoning_budget=s.reasoning_budget, logprobs=s.logprobs,
+                        n_ctx=n_ctx)
     except SamplingError as error:
         raise InvalidSampling(parameter=error.parameter, reason=error.reason) from None
 
@@ -134,6 +135,10 @@ def speculative(sampling: Sampling | None, params: Params,
     if params.reasoning_budget is not None:
         raise InvalidSampling(parameter="speculative",
                               reason="not with a reasoning budget")
+    if params.logprobs is not None:
+        # The speculative verifier hands no logits row on per token:
+        # refused rather than answered without them.
+        raise InvalidSampling(parameter="logprobs", reason="not with speculative decoding")
     return spec
 
 

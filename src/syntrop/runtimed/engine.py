@@ -25,9 +25,10 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.runtimed.layout import Pace
+from syntrop.runtimed.logprobs import Entry, Scorer
 from syntrop.runtimed.sampling import MAX_SEED, Params, StopScanner
 
 if TYPE_CHECKING:
@@ -82,19 +83,30 @@ class Saved:
     data: bytes
 
 
-Emit = Callable[[str, int], None]
-#: Receives thinking text and its tokens (markers: "" and their count).
-Think = Callable[[str, int], None]
+class Emit(Protocol):
+    """Receives a piece of text, its tokens and, when the stream asked for
+    them, their logprob entries (logprobs.Entry), one per token."""
+
+    def __call__(self, text: str, tokens: int,
+                 logprobs: "list[dict[str, Any]] | None" = None) -> None: ...
+
+
+#: Receives thinking text and its tokens (markers: "" and their count), as
+#: Emit does.
+Think = Emit
 
 
 class Output:
     """Sampled tokens → a stream's pieces, the same for every way of
     decoding: UTF-8 decoded across token boundaries, text that may begin a
     stop string held back until decided, and with `reasoning` the thinking
-    sent to `think` apart from the answer, markers to neither."""
+    sent to `think` apart from the answer, markers to neither. With
+    `logprobs` (the alternatives wanted), every token comes with the logits
+    row it was sampled from and each piece with its tokens' entries."""
 
     def __init__(self, llama: Any, emit: Emit, stops: tuple[str, ...],
-                 reasoning: "Reasoning | None" = None, think: Think | None = None) -> None:
+                 reasoning: "Reasoning | None" = None, think: Think | None = None,
+                 logprobs: int | None = None) -> None:
         self._llama = llama
         self._emit = emit
         self._scanner = StopScanner(stops)
@@ -103,9 +115,30 @@ class Output:
         self._reasoning = reasoning
         self._think = think
         self._pending = 0
+        #: With logprobs: the entries of the pending tokens.
+        self._scorer: Scorer | None = None
+        self._entries: list[Entry] = []
+        if logprobs is not None:
+            self._scorer = Scorer(self._piece, logprobs)
         #: Tokens taken so far; whether a stop string ended the text.
         self.count = 0
         self.stopped = False
+
+    @property
+    def scoring(self) -> bool:
+        """Whether `token` wants each token's logits row."""
+        return self._scorer is not None
+
+    def _piece(self, token: int) -> bytes:
+        return bytes(self._llama.detokenize([token], special=False))
+
+    def _send(self, text: str) -> None:
+        if self._scorer is None:
+            self._emit(text, self._pending)
+        else:
+            entries, self._entries = self._entries, []
+            self._emit(text, self._pending, entries)
+        self._pending = 0
 
     def eog(self, token: int) -> bool:
         """Whether `token` ends generation (it is not text)."""
@@ -113,23 +146,29 @@ class Output:
 
         return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token))
 
-    def token(self, token: int) -> bool:
-        """Take one generated token; False when a stop string ended the text."""
+    def token(self, token: int, logits: Any = None) -> bool:
+        """Take one generated token (with `scoring`, and the logits row it
+        was sampled from); False when a stop string ended the text."""
         from syntrop.runtimed.reasoning import ANSWER, THINKING
 
         self.count += 1
         if self._reasoning is not None and (kind := self._reasoning.feed(token)) != ANSWER:
             if self._think is not None:
-                piece = self._llama.detokenize([token], special=False) if kind == THINKING \
-                    else b""
-                self._think(self._thought.decode(piece), 1)
+                piece = self._piece(token) if kind == THINKING else b""
+                if self._scorer is None:
+                    self._think(self._thought.decode(piece), 1)
+                else:
+                    self._think(self._thought.decode(piece), 1,
+                                [self._scorer.entry(logits, token, piece)])
             return True
         self._pending += 1
-        text = self._decoder.decode(self._llama.detokenize([token], special=False))
+        piece = self._piece(token)
+        if self._scorer is not None:
+            self._entries.append(self._scorer.entry(logits, token, piece))
+        text = self._decoder.decode(piece)
         safe, self.stopped = self._scanner.feed(text)
         if safe:
-            self._emit(safe, self._pending)
-            self._pending = 0
+            self._send(safe)
         return not self.stopped
 
     def close(self) -> None:
@@ -138,11 +177,9 @@ class Output:
         if not self.stopped:
             tail = self._scanner.flush() + self._decoder.decode(b"", final=True)
             if tail:
-                self._emit(tail, self._pending)
-                self._pending = 0
+                self._send(tail)
         if self._pending:
-            self._emit("", self._pending)
-            self._pending = 0
+            self._send("")
 
 
 class Engine:
@@ -363,7 +400,9 @@ class Engine:
         budget = params.max_tokens if sliding else min(params.max_tokens,
                                                        self.n_ctx - len(tokens))
         llama.set_seed(params.seed)
-        output = Output(llama, emit, params.stop + extra_stops, reasoning, think)
+        output = Output(llama, emit, params.stop + extra_stops, reasoning, think,
+                        params.logprobs)
+        row = self._last_logits if output.scoring else None
         tokens_out = self._sample(tokens, params, logits_processor)
         reason = "length"
         produced = 0
@@ -389,7 +428,8 @@ class Engine:
             if stop.is_set():
                 reason = "cancelled"
                 break
-            if output.eog(token) or not output.token(token):
+            if output.eog(token) or \
+                    not output.token(token, None if row is None else row()):
                 reason = "stop"
                 break
             if produced >= budget:
@@ -398,6 +438,14 @@ class Engine:
         # Handed out but not evaluated: the end of length, or of a stop string.
         self.pending = token if reason == "length" or output.stopped else None
         return reason
+
+    def _last_logits(self) -> Any:
+        """The raw logits row the token just yielded was sampled from: the
+        generator evaluates it only when asked for the next one, and the
+        logits processors rewrite llama.cpp's copy of the row, not this."""
+        from syntrop.runtimed.batch import logits
+
+        return logits(self._llama._ctx.ctx, -1, int(self._llama.n_vocab()))
 
     def _sample(self, tokens: Sequence[int], params: Params, logits_processor: Any) -> Any:
         """llama-cpp-python's generator of sampled tokens after `tokens`."""

@@ -10,7 +10,8 @@ spills); the host only runs what it is sent.
 Every method blocks (the worker calls it on a thread of its own) and takes
 and returns plain JSON values; declared failures are raised as the
 Runtime1 errors the client will see, so the worker hands them on as they
-are. Streams get a `Sink`: `emit` for text, `think` for thinking text,
+are. Streams get a `Sink`: `emit` for text, `think` for thinking text
+(each with its tokens' logprob entries when the stream asked for them),
 `first` when the first token is sampled, and `stop`, set when runtimed
 cancels the call.
 """
@@ -58,8 +59,10 @@ class Sink(Protocol):
 
     stop: threading.Event
 
-    def emit(self, text: str, tokens: int) -> None: ...
-    def think(self, text: str, tokens: int) -> None: ...
+    def emit(self, text: str, tokens: int,
+             logprobs: list[dict[str, Any]] | None = None) -> None: ...
+    def think(self, text: str, tokens: int,
+              logprobs: list[dict[str, Any]] | None = None) -> None: ...
     def first(self) -> None: ...
 
 
@@ -324,19 +327,20 @@ class Host:
         if len(tokens) >= batcher.n_ctx_seq:
             raise ContextOverflow(tokens=len(tokens), n_ctx=batcher.n_ctx_seq)
         output = Output(engine.llama, sink.emit, params.stop + stops, counts.reasoning,
-                        sink.think)
+                        sink.think, params.logprobs)
         processors = [*(_processor(engine, compiled) or ()),
                       *([counts.reasoning] if counts.reasoning is not None else [])]
 
-        def on_token(token: int) -> bool:
+        def on_token(token: int, logits: Any) -> bool:
             if output.count == 0:
                 sink.first()
-            return output.token(token)
+            return output.token(token, logits)
 
         request = batcher.submit(
             tokens, min(params.max_tokens, batcher.n_ctx_seq - len(tokens)),
             temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-            min_p=params.min_p, seed=params.seed, processors=processors, on_token=on_token)
+            min_p=params.min_p, seed=params.seed, processors=processors, on_token=on_token,
+            logits=output.scoring)
         while not request.wait(0.05):
             if sink.stop.is_set():
                 request.cancel()

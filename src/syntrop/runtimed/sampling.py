@@ -15,6 +15,8 @@ MAX_SEED = (1 << 32) - 2
 DEFAULT_MAX_TOKENS = 256
 #: llama.cpp's own default min-p filter (llama-cpp-python's too).
 DEFAULT_MIN_P = 0.05
+#: Most alternatives a token's logprobs list (OpenAI's top_logprobs bound).
+MAX_LOGPROBS = 20
 
 
 class SamplingError(ValueError):
@@ -39,6 +41,8 @@ class Params:
     min_p: float = DEFAULT_MIN_P
     #: Most thinking tokens; None for no budget.
     reasoning_budget: int | None = None
+    #: Log-probabilities of each token and this many alternatives; None for none.
+    logprobs: int | None = None
 
 
 def validate(
@@ -51,6 +55,7 @@ def validate(
     stop: list[str] | None = None,
     min_p: float | None = None,
     reasoning_budget: int | None = None,
+    logprobs: int | None = None,
     n_ctx: int,
 ) -> Params:
     """Check each value against its range; fill defaults (a random seed when
@@ -67,6 +72,8 @@ def validate(
         raise SamplingError("min_p", "0 to 1")
     if reasoning_budget is not None and not 0 <= reasoning_budget < n_ctx:
         raise SamplingError("reasoning_budget", f"0 to {n_ctx - 1}")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise SamplingError("logprobs", f"0 to {MAX_LOGPROBS}")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise SamplingError("seed", f"0 to {MAX_SEED}")
     stops = tuple(stop or ())
@@ -83,6 +90,7 @@ def validate(
         stop=stops,
         min_p=min_p if min_p is not None else defaults.min_p,
         reasoning_budget=reasoning_budget,
+        logprobs=logprobs,
     )
 
 

@@ -5,7 +5,9 @@ true); pieces that queued up while the previous reply was being written
 leave together as one reply, so a loop that falls behind the engine catches
 up instead of lagging further (thinking pieces stay apart: a marker's empty
 piece carries its token count on its own). The `done` event becomes the
-last chunk, with the finish reason and the call's counts.
+last chunk, with the finish reason and the call's counts. A piece's
+logprob entries (when the stream asked for them) become its chunk's
+TokenLogprobs; pieces sent as one reply join theirs.
 
 What the call holds (its slot, its model) is given back by `done`, exactly
 once: before the last reply goes out when the worker finishes (so the
@@ -27,17 +29,41 @@ from typing import Any
 
 from asyncvarlink import AnnotatedResult
 
-from syntrop.interfaces.runtime import Chunk
+from syntrop.interfaces.runtime import Chunk, TokenLogprob, TopLogprob
 from syntrop.runtimed.workers import Call, Worker
 
 #: The counts a last chunk may carry.
 EXTRA = frozenset(f.name for f in fields(Chunk)) - {"text", "tokens", "finish_reason",
-                                                    "thinking"}
+                                                    "thinking", "logprobs"}
+
+
+def _top(entry: dict[str, Any]) -> TopLogprob:
+    return TopLogprob(token=str(entry["token"]), logprob=float(entry["logprob"]),
+                      bytes=[int(b) for b in entry["bytes"]])
+
+
+def logprobs(entries: list[dict[str, Any]] | None) -> list[TokenLogprob] | None:
+    """A piece's logprob entries (logprobs.Entry) as the contract's."""
+    if entries is None:
+        return None
+    return [TokenLogprob(token=str(e["token"]), logprob=float(e["logprob"]),
+                         bytes=[int(b) for b in e["bytes"]],
+                         top=[_top(t) for t in e.get("top") or ()]) for e in entries]
 
 
 def _chunk(event: str, message: dict[str, Any]) -> Chunk:
     return Chunk(text=str(message.get("text", "")), tokens=int(message.get("tokens", 0)),
-                 finish_reason=None, thinking=True if event == "think" else None)
+                 finish_reason=None, thinking=True if event == "think" else None,
+                 logprobs=logprobs(message.get("logprobs")))
+
+
+def join(first: Chunk, second: Chunk) -> Chunk:
+    """Two answer chunks as one reply."""
+    entries = first.logprobs
+    if second.logprobs is not None:
+        entries = (entries or []) + second.logprobs
+    return replace(first, text=first.text + second.text, tokens=first.tokens + second.tokens,
+                   logprobs=entries)
 
 
 async def relay(worker: Worker, call: Call, *, done: Callable[[], None], received: float,
@@ -94,9 +120,7 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
             while chunk.thinking is None and not queue.empty():
                 following = queue.get_nowait()
                 if following[0] == "piece":
-                    more = _chunk("piece", following[1])
-                    chunk = replace(chunk, text=chunk.text + more.text,
-                                    tokens=chunk.tokens + more.tokens)
+                    chunk = join(chunk, _chunk("piece", following[1]))
                 else:
                     held = following
                     break

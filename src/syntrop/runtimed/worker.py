@@ -11,7 +11,8 @@ the other models. The worker
   anything else touches llama.cpp;
 - reads requests from its socket (channel.py) and runs each on a thread
   of its own against its Host (host.py): the replies of a stream are
-  `piece`, `think` and `first` events, then `done` with the result, or
+  `piece` and `think` events (text, tokens and, when asked for, their
+  logprob entries), then `done` with the result, or
   `error` with a declared Runtime1 error (name and parameters) or, for
   anything undeclared, a message; `cancel` sets a stream's stop event.
 
@@ -57,18 +58,23 @@ class WireSink:
         #: When the first token was sampled: sent with the next message.
         self._first: dict[str, float] | None = None
 
-    def _piece(self, event: str, text: str, tokens: int) -> None:
+    def _piece(self, event: str, text: str, tokens: int,
+               logprobs: list[dict[str, Any]] | None) -> None:
         message: dict[str, Any] = {"id": self.rid, "event": event, "text": text,
                                    "tokens": tokens}
+        if logprobs is not None:
+            message["logprobs"] = logprobs
         if self._first is not None:
             message["first"], self._first = self._first, None
         self._send(message)
 
-    def emit(self, text: str, tokens: int) -> None:
-        self._piece("piece", text, tokens)
+    def emit(self, text: str, tokens: int,
+             logprobs: list[dict[str, Any]] | None = None) -> None:
+        self._piece("piece", text, tokens, logprobs)
 
-    def think(self, text: str, tokens: int) -> None:
-        self._piece("think", text, tokens)
+    def think(self, text: str, tokens: int,
+              logprobs: list[dict[str, Any]] | None = None) -> None:
+        self._piece("think", text, tokens, logprobs)
 
     def first(self) -> None:
         # Times for runtimed's trace, carried by the first piece rather than
