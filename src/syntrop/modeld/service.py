@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from asyncvarlink import AnnotatedResult, FileDescriptor
 
+from syntrop import modelfile as metadata
 from syntrop.config import Paths
 from syntrop.interfaces.model import (
     DigestMismatch,
@@ -43,7 +44,7 @@ from syntrop.interfaces.model import (
     PullReply,
     StoreFull,
 )
-from syntrop.modeld import metadata, names, prune, refs, staging
+from syntrop.modeld import names, prune, refs, staging
 from syntrop.modeld.blobs import BlobTree
 from syntrop.modeld.config import Config, load
 from syntrop.modeld.store import Blob, Entry, Manifests, Partial

@@ -1,6 +1,8 @@
 """What a model file says about itself: format, architecture, quantization,
-license. A pure reader of the file's header, with limits, for GGUF and
-safetensors.
+license, and the scalar metadata (layers, heads, context) the memory a
+model needs is computed from. Shared by modeld (what it stores) and runtimed
+(what it leases before it loads). A pure reader of the file's header, with
+limits, for GGUF and safetensors.
 
 Why not gguf.GGUFReader: it materialises every array of the header (the
 tokenizer's 49,152 tokens and merges) as numpy objects and maps every
