@@ -25,7 +25,29 @@ ROLES = ("system", "user", "assistant")
 ACCEPTED_ROLES = (*ROLES, "developer", "tool")
 
 
-def _sampling(body: dict[str, Any]) -> Any:
+def _logprobs(endpoint: str, body: dict[str, Any]) -> int | None:
+    """OpenAI's logprobs as runtimed's: chat's `logprobs: true` with
+    `top_logprobs` alternatives (0 to 20), completions' `logprobs: N`."""
+    value = body.get("logprobs")
+    if endpoint == "chat/completions":
+        if value is None or value is False:
+            if body.get("top_logprobs") is not None:
+                raise ProviderError(400, "top_logprobs needs logprobs: true", retryable=False)
+            return None
+        if value is not True:
+            raise ProviderError(400, "logprobs must be a boolean", retryable=False)
+        top = body.get("top_logprobs") or 0
+    else:
+        if value is None:
+            return None
+        top = value
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        name = "top_logprobs" if endpoint == "chat/completions" else "logprobs"
+        raise ProviderError(400, f"{name} must be an integer from 0 to 20", retryable=False)
+    return top
+
+
+def _sampling(endpoint: str, body: dict[str, Any]) -> Any:
     from syntrop.interfaces.runtime import Sampling
 
     stop = body.get("stop")
@@ -36,7 +58,30 @@ def _sampling(body: dict[str, Any]) -> Any:
         top_k=None,
         seed=body.get("seed"),
         stop=[stop] if isinstance(stop, str) else stop,
+        logprobs=_logprobs(endpoint, body),
     )
+
+
+def _chat_logprobs(entries: list[Any]) -> dict[str, Any]:
+    """runtimed's TokenLogprobs as a chat choice's logprobs."""
+    return {"content": [
+        {"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+         "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes}
+                          for t in e.top or ()]}
+        for e in entries], "refusal": None}
+
+
+def _text_logprobs(entries: list[Any], offset: int = 0) -> dict[str, Any]:
+    """runtimed's TokenLogprobs as a completion choice's (legacy) logprobs;
+    `offset`: characters of the text before the first of them."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {"tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top or ()} for e in entries],
+            "text_offset": offsets}
 
 
 def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -124,6 +169,8 @@ class _Whole:
     """One generation, collected."""
 
     parts: list[str] = field(default_factory=list)
+    #: runtimed's TokenLogprobs, when asked for.
+    logprobs: list[Any] | None = None
     tokens: int = 0
     prompt: int = 0
     finish: str | None = None
@@ -169,11 +216,11 @@ class RuntimedProvider:
                 if endpoint == "chat/completions":
                     messages = [ChatMessage(role=role, content=text) for role, text in turns]
                     replies = client.Chat(model=body["model"], messages=messages,
-                                          sampling=_sampling(body),
+                                          sampling=_sampling(endpoint, body),
                                           constraint=_constraint(body, plan))
                 else:
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
-                                              sampling=_sampling(body))
+                                              sampling=_sampling(endpoint, body))
                 async for reply in replies:
                     yield reply["chunk"]
             except (VarlinkErrorReply, CallTimeout, OSError) as error:
@@ -198,15 +245,24 @@ class RuntimedProvider:
 
         role: dict[str, Any] = {"role": "assistant"}  # on the first delta only
         calls = tools.ToolStream(plan) if plan is not None else None
+        offset = 0  # characters sent, for completions' text_offset
         async for chunk in self._chunks(endpoint, body, plan):
             tokens += chunk.tokens
             prompt = chunk.prompt_tokens or prompt
+            entries = chunk.logprobs
             if endpoint != "chat/completions":
-                yield out({"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason})
+                choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason}
+                if entries is not None:
+                    choice["logprobs"] = _text_logprobs(entries, offset)
+                offset += len(chunk.text)
+                yield out(choice)
                 continue
             if calls is None:
-                yield out({"index": 0, "delta": {**role, "content": chunk.text},
-                           "finish_reason": chunk.finish_reason})
+                choice = {"index": 0, "delta": {**role, "content": chunk.text},
+                          "finish_reason": chunk.finish_reason}
+                if entries is not None:
+                    choice["logprobs"] = _chat_logprobs(entries)
+                yield out(choice)
                 role = {}
                 continue
             deltas = calls.feed(chunk.text)
@@ -270,6 +326,8 @@ class RuntimedProvider:
         whole = _Whole()
         async for chunk in self._chunks(endpoint, body, plan):
             whole.parts.append(chunk.text)
+            if chunk.logprobs is not None:
+                whole.logprobs = (whole.logprobs or []) + list(chunk.logprobs)
             whole.tokens += chunk.tokens
             whole.finish = chunk.finish_reason or whole.finish
             whole.prompt = chunk.prompt_tokens or whole.prompt
@@ -290,13 +348,18 @@ class RuntimedProvider:
         choices: list[dict[str, Any]] = []
         for index, whole in enumerate(wholes):
             text, finish = "".join(whole.parts), whole.finish or "stop"
+            asked = _logprobs(endpoint, body) is not None
             if endpoint != "chat/completions":
-                choices.append({"index": index, "text": text, "finish_reason": finish})
+                choices.append({"index": index, "text": text, "finish_reason": finish,
+                                "logprobs": _text_logprobs(whole.logprobs or [])
+                                if asked else None})
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if plan is not None:
                 message, finish = tools.reply(text, plan, finish)
-            choices.append({"index": index, "finish_reason": finish, "message": message})
+            choices.append({"index": index, "finish_reason": finish, "message": message,
+                            "logprobs": _chat_logprobs(whole.logprobs or []) if asked
+                            else None})
         if endpoint == "chat/completions":
             return {"id": "chatcmpl-" + os.urandom(8).hex(), "object": "chat.completion",
                     "created": int(time.time()), "model": body["model"],
