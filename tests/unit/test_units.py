@@ -27,7 +27,7 @@ CEILINGS = {
     "modeld.service": 0.5,
     "contextd.service": 0.5,
     "toold.service": 2.2,
-    "runtimed.service": 0.6,
+    "runtimed.service": 0.8,
     "systemd-sentry.service": 1.3,
     "routerd.service": 1.3,
 }

@@ -16,6 +16,9 @@
     [devices.drm-renderD128]        # for devices whose memory sysfs does not tell
     name = "Accelerator A"
     memory_bytes = 25769803776
+
+    [devices.cpu]                   # the CPU plane: host RAM leases may hold
+    memory_bytes = 8589934592       # (default: all of MemTotal)
 """
 
 from dataclasses import dataclass, field

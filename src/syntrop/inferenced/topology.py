@@ -111,12 +111,14 @@ def scan(root: Path = Path("/"), config: TopologyConfig | None = None) -> Topolo
         )
     extensions = sysfs.vector_extensions(cpu)
     cpu_name = cpu.model + (f" ({', '.join(extensions)})" if extensions else "")
+    # [devices.cpu] memory_bytes: the host RAM leases may hold (default all).
+    host = config.devices.get("cpu", DeviceConfig())
     planes.append(
         PlaneInfo(
             id="cpu",
-            name=cpu_name,
+            name=host.name or cpu_name,
             kind="cpu",
-            total_memory=mem.total,
+            total_memory=host.memory_bytes if host.memory_bytes is not None else mem.total,
             used_memory=max(0, mem.total - mem.available),
             numa_node=None,
             pci_chain=(),

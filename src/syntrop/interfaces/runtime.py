@@ -332,6 +332,15 @@ class EngineWorker:
         last_signal: The signal that ended it; null when none did.
         last_calls: What it was serving when it ended.
         retry_after_s: With state failing: seconds until it is tried again.
+        lane: triage for the worker of sentry's EmergencyTriage requests
+            (never frozen for others), null for the model's main worker.
+        lease_id: The inferenced lease its memory is held by; null when it
+            runs unleased (inferenced unreachable).
+        lease_bytes: Bytes that lease holds: weights, KV cache for every
+            slot, compute buffers.
+        cgroup: Its own cgroup, which preemption freezes; null where
+            runtimed's cgroup is not delegated to it (then it is never
+            frozen).
     """
 
     model: str
@@ -344,6 +353,10 @@ class EngineWorker:
     last_signal: int | None
     last_calls: list[str]
     retry_after_s: float | None
+    lane: str | None = None
+    lease_id: str | None = None
+    lease_bytes: int | None = None
+    cgroup: str | None = None
 
 
 class OpenSessionResult(TypedDict):
@@ -622,6 +635,28 @@ class EngineFailing(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+class InsufficientMemory(TypedVarlinkErrorReply, interface=NAME):
+    """inferenced would not lease the memory the model needs on the plane it
+    runs on (idle models were unloaded first, and it was asked again).
+
+    Parameters:
+        model: The model.
+        plane: The plane, e.g. cpu.
+        needed_bytes: What the model needs resident: weights, KV cache for
+            every slot, compute buffers.
+        available_bytes: What the plane could give; null when refused for
+            pressure.
+        reason: ResourceExhaustion, PressureTooHigh or PlaneQuarantined.
+    """
+
+    class Parameters:
+        model: str
+        plane: str
+        needed_bytes: int
+        available_bytes: int | None
+        reason: str
+
+
 class SessionLost(TypedVarlinkErrorReply, interface=NAME):
     """The session's context lived in an engine worker that died; its
     state is gone and is never rebuilt silently. Close it and open a new one.
@@ -666,6 +701,13 @@ def in_words(name: str, parameters: Mapping[str, Any]) -> str | None:
                 f"{model} ({parameters.get('reason')}): open a new one")
     if error == "ModelNotFound":
         return f"modeld has no model named {model} (syn list shows them, syn pull adds one)"
+    if error == "InsufficientMemory":
+        mib = 1 << 20
+        available = parameters.get("available_bytes")
+        left = f", {available / mib:.0f} MiB available" if available is not None else ""
+        return (f"{model} needs {parameters.get('needed_bytes', 0) / mib:.0f} MiB on plane "
+                f"{parameters.get('plane')}{left} ({parameters.get('reason')}): free memory "
+                "there, or lower runtimed's slots or n_ctx")
     return None
 
 
@@ -693,13 +735,14 @@ class Runtime1(Interface, name=NAME):
         EngineCrashed,
         EngineFailing,
         SessionLost,
+        InsufficientMemory,
         NotAuthorized,
     )
 
     @method(return_parameter="chunk")
     def Complete(
         self, *, model: str, prompt: str, sampling: Sampling | None = None,
-        constraint: Constraint | None = None,
+        constraint: Constraint | None = None, priority: str | None = None,
     ) -> AsyncIterator[Chunk]:
         """Continue a prompt. Call with "more" to stream.
 
@@ -708,6 +751,10 @@ class Runtime1(Interface, name=NAME):
             prompt: The text to continue.
             sampling: How to pick tokens.
             constraint: What the output must be; null for free text.
+            priority: Interactive (null) or Batch: the model's main worker,
+                which an emergency may freeze; EmergencyTriage (root or the
+                sentry.triage authorization): a worker of its own, never
+                frozen for others.
 
         Returns:
             chunk: The next piece of text.
@@ -716,7 +763,7 @@ class Runtime1(Interface, name=NAME):
     @method(return_parameter="chunk")
     def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
-        constraint: Constraint | None = None,
+        constraint: Constraint | None = None, priority: str | None = None,
     ) -> AsyncIterator[Chunk]:
         """Answer a chat with the model's own template. Call with "more".
 
@@ -725,6 +772,7 @@ class Runtime1(Interface, name=NAME):
             messages: The conversation so far.
             sampling: How to pick tokens.
             constraint: What the output must be; null for free text.
+            priority: As Complete's.
 
         Returns:
             chunk: The next piece of the answer.

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from syntrop.interfaces import model as model_contract
-from syntrop.interfaces.runtime import EngineCrashed, EngineFailing, ModelNotFound, WeightsMismatch
+from syntrop.interfaces.runtime import (
+    EngineCrashed,
+    EngineFailing,
+    InsufficientMemory,
+    ModelNotFound,
+    WeightsMismatch,
+)
+from syntrop.runtimed import leases
 from syntrop.runtimed.config import Config
 from syntrop.runtimed.layout import CELLS, Board
 from syntrop.runtimed.models import WeightsDiffer, open_in_modeld, verified
@@ -52,6 +59,19 @@ MODELD_TIMEOUT = 30.0
 #: window (doubling with each more), and the longest pause.
 BACKOFF = 0.5
 BACKOFF_MAX = 10.0
+#: The lane of sentry's EmergencyTriage requests: a worker of its own per
+#: model, keyed `name + TRIAGE` (a space: no model name has one).
+TRIAGE = " (triage)"
+
+
+def key(name: str, triage: bool = False) -> str:
+    """The residency key of a model's worker in a lane."""
+    return name + TRIAGE if triage else name
+
+
+def lane_of(key: str) -> tuple[str, bool]:
+    """(model, triage) of a residency key."""
+    return (key.removesuffix(TRIAGE), True) if key.endswith(TRIAGE) else (key, False)
 
 
 def check_name(name: str, parameter: str = "model") -> None:
@@ -82,6 +102,14 @@ class Resident:
     #: Layout batch: streams in the worker's shared batch now (None: it
     #: has made no batch yet).
     batch_running: int | None = None
+    #: The triage lane's worker (sentry's EmergencyTriage requests).
+    triage: bool = False
+    #: The inferenced lease of its memory (None: unleased).
+    lease: leases.Held | None = None
+    #: Bytes the model needs resident (what the lease asked for).
+    need: int = 0
+    #: The worker's own cgroup (None: it shares runtimed's).
+    cgroup: str | None = None
 
     def hold(self) -> None:
         """A request or session uses the model: no unloading meanwhile."""
@@ -108,10 +136,15 @@ class Crashes:
 
 class Residency:
     def __init__(self, socket: Path, config: Config,
-                 engine: Callable[[], Awaitable["Choice"]]) -> None:
+                 engine: Callable[[], Awaitable["Choice"]],
+                 inference: Path | None = None) -> None:
         self.socket = socket
         self.config = config
         self._engine = engine
+        #: Leases from inferenced at `inference` (None: none are taken).
+        self.leases = leases.Leases(inference) if inference is not None else None
+        self.cgroups = leases.WorkerCgroups()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.models: dict[str, Resident] = {}
         self.crashes: dict[str, Crashes] = {}
         #: Called with (model, exit, calls) when a worker crashes.
@@ -127,24 +160,28 @@ class Residency:
 
     # holding ----------------------------------------------------------------
 
-    async def hold(self, name: str) -> Resident:
-        """The model, made resident if it is not; held for the caller."""
+    async def hold(self, name: str, *, triage: bool = False) -> Resident:
+        """The model, made resident if it is not; held for the caller.
+        `triage`: in the triage lane's worker."""
         check_name(name)
-        if name not in self.models:
+        at = key(name, triage)
+        if at not in self.models:
             # The pause after recent crashes is waited out before taking
             # the lock, which other models' loads and keep-alive need.
-            await self._admit(name)
+            await self._admit(at)
         async with self.loading:
-            resident = self.models.get(name)
+            resident = self.models.get(at)
             if resident is not None and resident.worker.alive:
                 resident.hold()
                 return resident
-            self._refuse(name)
-            resident = await self._load(name)
+            self._refuse(at)
+            resident = await self._load(name, triage)
             resident.hold()
-            self.models[name] = resident
-            logger.info("loaded %s (sha256 %s) in engine worker %d", name, resident.digest,
-                        resident.worker.pid)
+            self.models[at] = resident
+            logger.info("loaded %s (sha256 %s) in engine worker %d%s", at, resident.digest,
+                        resident.worker.pid,
+                        f", lease {resident.lease.lease_id} ({resident.need} bytes on "
+                        f"{resident.lease.plane})" if resident.lease else ", unleased")
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
@@ -198,14 +235,22 @@ class Residency:
             raise
         return fd, digest, size
 
-    async def _load(self, name: str) -> Resident:
+    async def _load(self, name: str, triage: bool) -> Resident:
         fd, digest, size = await self.open_verified(name)
         try:
-            worker = await self._start(name)
+            # The triage lane serves one request at a time: one context.
+            slots = 1 if triage else self.config.slots
+            need = await self._need(fd, size, slots)
+            worker = await self._start(key(name, triage), slots)
+            resident = Resident(name=name, digest=digest, size=size, worker=worker,
+                                triage=triage, need=need)
             try:
+                resident.cgroup = self.cgroups.place(worker.pid)
+                resident.lease = await self._lease(resident)
                 await worker.request("load", {"name": name}, [fd], label="load")
             except BaseException:
                 await worker.stop()
+                self._let_go(resident)
                 raise
         except WorkerGone as gone:
             # Counted as a crash (by `_exited`): a model that always
@@ -213,13 +258,59 @@ class Residency:
             raise crashed(name, gone) from None
         finally:
             os.close(fd)
-        return Resident(name=name, digest=digest, size=size, worker=worker)
+        return resident
 
-    async def _start(self, name: str) -> Worker:
+    async def _need(self, fd: int, size: int, slots: int) -> int:
+        """Bytes the model behind `fd` needs resident (leases.need_bytes)."""
+        from syntrop import modelfile
+
+        try:
+            info = await asyncio.to_thread(modelfile.read_fd, fd)
+        except (modelfile.InvalidModel, OSError):
+            metadata = {}  # the engine says what is wrong with it, at load
+        else:
+            metadata = dict(info.metadata)
+        return leases.need_bytes(size, metadata, n_ctx=self.config.n_ctx, slots=slots)
+
+    async def _lease(self, resident: Resident) -> leases.Held | None:
+        """The lease of `resident`'s memory for its worker; when refused,
+        idle models are unloaded and it is asked once more, then
+        InsufficientMemory."""
+        if self.leases is None:
+            return None
+        priority = leases.TRIAGE if resident.triage else leases.MAIN
+        for attempt in (1, 2):
+            try:
+                return await self.leases.acquire(resident.worker.pid, resident.need, priority)
+            except leases.Refused as refused:
+                idle = [k for k, m in self.models.items()
+                        if self.keep_alive_left(m, time.monotonic()) is not None]
+                if attempt == 1 and refused.reason == "ResourceExhaustion" and idle:
+                    await self.unload(idle, f"to make room for {resident.name}")
+                    continue
+                params = refused.params
+                raise InsufficientMemory(
+                    model=resident.name, plane=str(params.get("plane", "cpu")),
+                    needed_bytes=resident.need, available_bytes=params.get("available"),
+                    reason=refused.reason) from None
+        raise AssertionError("unreachable")
+
+    def _let_go(self, resident: Resident) -> None:
+        """Release what a resident held outside its worker: its lease (in
+        the background: this runs from callbacks too) and its cgroup."""
+        self.cgroups.drop(resident.cgroup)
+        resident.cgroup = None
+        held, resident.lease = resident.lease, None
+        if held is not None and self.leases is not None:
+            task = asyncio.get_running_loop().create_task(self.leases.release(held))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _start(self, name: str, slots: int) -> Worker:
         choice = await self._engine()
         cell = self._cells.pop(0)
         Board.clear(self._board, cell)
-        settings = {"layout": self.config.layout, "slots": self.config.slots,
+        settings = {"layout": self.config.layout, "slots": slots,
                     "cpus": self.config.n_threads or (os.cpu_count() or 1),
                     "instances": self.config.instances}
         try:
@@ -293,6 +384,7 @@ class Residency:
             # descriptor) is: then modeld no longer counts it in use.
             resident = self.models[name]
             await resident.worker.stop()
+            self._let_go(resident)
             self.models.pop(name, None)  # `_exited` may have taken it already
             freed += resident.size
             logger.info("unloaded %s: %s", name, why)
@@ -304,6 +396,7 @@ class Residency:
         resident = self.models.get(worker.model)
         if resident is not None and resident.worker is worker:
             del self.models[worker.model]
+            self._let_go(resident)
         if worker.expected:
             return
         serving = ", ".join(calls) if calls else "nothing"
@@ -322,5 +415,9 @@ class Residency:
         if self._sweeper is not None:
             self._sweeper.cancel()
         for name in list(self.models):
-            await self.models.pop(name).worker.stop()
+            resident = self.models.pop(name)
+            await resident.worker.stop()
+            self._let_go(resident)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         os.close(self._board)

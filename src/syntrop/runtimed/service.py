@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncvarlink import AnnotatedResult
 
 from syntrop.config import Paths
+from syntrop.interfaces.inference import NAME as INFERENCE
 from syntrop.interfaces.model import Model1
 from syntrop.interfaces.runtime import (
     Busy,
@@ -71,7 +72,7 @@ from syntrop.runtimed import checks
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
 from syntrop.runtimed.engine import Options
-from syntrop.runtimed.residency import Residency, Resident, check_name, crashed
+from syntrop.runtimed.residency import Residency, Resident, check_name, crashed, lane_of
 from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
@@ -160,6 +161,22 @@ def _completed(coroutine: Coroutine[Any, Any, T],
     return wait()
 
 
+#: Priorities a generation may name (leases.py's lanes).
+PRIORITIES = ("EmergencyTriage", "Interactive", "Batch")
+
+
+async def _triage(priority: str | None) -> bool:
+    """Whether a request with `priority` goes to the triage lane: only
+    EmergencyTriage, and only for root or holders of sentry's triage
+    authorization (it is never frozen for anyone)."""
+    if priority is None or priority in ("Interactive", "Batch"):
+        return False
+    if priority not in PRIORITIES:
+        raise InvalidParameter(parameter="priority")
+    await authz.authorize(authz.TRIAGE, NotAuthorized)
+    return True
+
+
 class RuntimeService(Runtime1):
     """Runs GGUF models, each in an engine worker, with persistent sessions."""
 
@@ -169,7 +186,8 @@ class RuntimeService(Runtime1):
         self.slots = Slots(self.config.slots, self.config.queue)
         self.table: SessionTable[Seat] = SessionTable()
         self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
-        self.residency = Residency(paths.socket(Model1.name), self.config, self.engine)
+        self.residency = Residency(paths.socket(Model1.name), self.config, self.engine,
+                                   inference=paths.socket(INFERENCE))
         self.residency.on_crash = self._crashed
         self.residency.in_use = self._in_use
         self.residency.on_pressure = self._shed
@@ -270,8 +288,8 @@ class RuntimeService(Runtime1):
             logger.info("memory pressure: closed %d idle contexts, spilled %d sessions, "
                         "moved %d bytes of session state to disk", closed, spilled, moved)
 
-    async def _hold(self, model: str) -> Resident:
-        return await self.residency.hold(model)
+    async def _hold(self, model: str, *, triage: bool = False) -> Resident:
+        return await self.residency.hold(model, triage=triage)
 
     @implements
     async def Unload(self, *, model: str | None = None) -> UnloadResult:
@@ -280,7 +298,7 @@ class RuntimeService(Runtime1):
             check_name(model)
         async with self.residency.loading:
             now = time.monotonic()
-            names = [n for n in self.models if model is None or n == model]
+            names = [n for n in self.models if model is None or lane_of(n)[0] == model]
             idle = [n for n in names
                     if self.residency.keep_alive_left(self.models[n], now) is not None]
             freed = await self.residency.unload(idle, "asked to")
@@ -397,9 +415,10 @@ class RuntimeService(Runtime1):
     # streams --------------------------------------------------------------------
 
     async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
-                        constraint: Constraint | None, label: str,
+                        constraint: Constraint | None, label: str, priority: str | None = None,
                         ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
+        triage = await _triage(priority)
         options = checks.options(None, self.config)
         compiled = await checks.constraint(constraint)
         params = checks.bounded(checks.params(sampling, options.n_ctx), compiled, options.n_ctx)
@@ -408,10 +427,11 @@ class RuntimeService(Runtime1):
         # What the request holds, given back (in reverse) when its work ends.
         held = contextlib.ExitStack()
         try:
-            resident = await self._hold(model)
+            resident = await self._hold(model, triage=triage)
             held.callback(resident.release)
-            await self._slot()
-            held.callback(self.slots.release)
+            if not triage:  # the triage lane's worker has contexts of its own
+                await self._slot()
+                held.callback(self.slots.release)
             if speculative is not None and speculative.draft is not None:
                 await self._draft(resident, speculative.draft)
             if self.config.layout == "batch" and speculative is None:
@@ -433,18 +453,18 @@ class RuntimeService(Runtime1):
     @implements
     async def Complete(
         self, *, model: str, prompt: str, sampling: Sampling | None = None,
-        constraint: Constraint | None = None,
+        constraint: Constraint | None = None, priority: str | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         if len(prompt) > MAX_TEXT:
             raise InvalidParameter(parameter="prompt")
         async for reply in self._generate(model, sampling, {"prompt": prompt}, constraint,
-                                          "Complete"):
+                                          "Complete", priority):
             yield reply
 
     @implements
     async def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
-        constraint: Constraint | None = None,
+        constraint: Constraint | None = None, priority: str | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         if not messages or len(messages) > MAX_MESSAGES:
             raise InvalidParameter(parameter="messages")
@@ -452,7 +472,7 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="messages")
         turns = [[m.role, m.content] for m in messages]
         async for reply in self._generate(model, sampling, {"messages": turns}, constraint,
-                                          "Chat"):
+                                          "Chat", priority):
             yield reply
 
     @implements
@@ -776,9 +796,10 @@ class RuntimeService(Runtime1):
         workers: list[EngineWorker] = []
         crashes = self.residency.crashes
         window = self.config.crash_window
-        for name in sorted(set(self.models) | set(crashes)):
-            resident = self.models.get(name)
-            record = crashes.get(name)
+        for at in sorted(set(self.models) | set(crashes)):
+            name, triage = lane_of(at)
+            resident = self.models.get(at)
+            record = crashes.get(at)
             recent = [t for t in record.times if now - t <= window] if record else []
             retry = None
             state = "running"
@@ -796,7 +817,11 @@ class RuntimeService(Runtime1):
                 calls=worker.served if worker else 0, crashes=len(recent),
                 last_exit=last.describe() if last else None,
                 last_signal=last.signal if last else None,
-                last_calls=list(record.last_calls) if record else [], retry_after_s=retry))
+                last_calls=list(record.last_calls) if record else [], retry_after_s=retry,
+                lane="triage" if triage else None,
+                lease_id=resident.lease.lease_id if resident and resident.lease else None,
+                lease_bytes=resident.lease.memory if resident and resident.lease else None,
+                cgroup=resident.cgroup if resident else None))
         info = next((r.worker.system_info for r in self.models.values() if r.worker.system_info),
                     None)
         return {

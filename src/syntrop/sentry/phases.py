@@ -197,9 +197,15 @@ class Live:
         from syntrop.varlink.client import connect
 
         async with await connect(Inference1, timeout=CALL_TIMEOUT) as inference:
+            # The plane runtimed computes on (the CPU's), and its compute:
+            # exclusive freezes the Batch and Interactive workers there
+            # while the triage model answers in its own lane.
+            topology = await inference.GetTopology()
+            cpu = next((str(_field(p, "id")) for p in _field(topology, "planes") or []
+                        if _field(p, "kind") == "cpu"), None)
             reply = await inference.AcquireLease(
-                priority="EmergencyTriage", memory_bytes=LEASE_BYTES, plane=None,
-                unit=None, pid=os.getpid())
+                priority="EmergencyTriage", memory_bytes=LEASE_BYTES, plane=cpu,
+                unit=None, pid=os.getpid(), exclusive=True)
         return str(_field(reply, "lease_id"))
 
     async def release(self, lease_id: str) -> None:
@@ -250,7 +256,7 @@ class Live:
         model = await self.triage_model()
         async with await connect(Runtime1, timeout=CALL_TIMEOUT) as runtime:
             async for reply in runtime.Chat(
-                    model=model, sampling=sampling,
+                    model=model, sampling=sampling, priority="EmergencyTriage",
                     constraint=Constraint(json_schema=json.dumps(schema)),
                     messages=[ChatMessage(role=role, content=content)
                               for role, content in messages]):

@@ -121,3 +121,29 @@ def contains(outer: str, inner: str) -> bool:
     """Whether cgroup `inner` is `outer` or below it."""
     outer = outer.rstrip("/") or "/"
     return outer == "/" or inner == outer or inner.startswith(outer + "/")
+
+
+def make_child(mount: Path, parent: str, name: str) -> str:
+    """Create cgroup `parent`/`name` (an existing one is reused); its path."""
+    path = f"{parent.rstrip('/')}/{name}"
+    try:
+        (mount / path.lstrip("/")).mkdir(exist_ok=True)
+    except OSError as error:
+        raise CgroupError(f"cannot create cgroup {path}: {error.strerror}") from None
+    return path
+
+
+def move(mount: Path, cgroup: str, pid: int) -> None:
+    """Move process `pid` (all its threads) into `cgroup`."""
+    try:
+        (mount / cgroup.lstrip("/") / "cgroup.procs").write_text(str(pid))
+    except OSError as error:
+        raise CgroupError(f"cannot move pid {pid} into {cgroup}: {error.strerror}") from None
+
+
+def remove(mount: Path, cgroup: str) -> None:
+    """Remove an empty cgroup; one still in use (EBUSY) or gone is left."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        (mount / cgroup.lstrip("/")).rmdir()
