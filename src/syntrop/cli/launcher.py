@@ -79,10 +79,22 @@ def is_launcher_directory(directory: Path) -> bool:
     return (directory / "status.json").exists() or (directory / "launcher.pid").exists()
 
 
+def launcher_up(directory: Path) -> bool:
+    """Whether a launcher runs in `directory` (its pid file names a live
+    process)."""
+    try:
+        os.kill(int((directory / "launcher.pid").read_text()), 0)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def locate(explicit: Path | None = None) -> Path | None:
     """The dev suite syn works with, by one rule for every subcommand: --dir
     when given; else the launcher directory whose run/ $RUNTIME_DIRECTORY
-    names; else the default dev directory when a launcher has been up there;
+    names; else the default dev directory while a launcher is up there;
     else None: the system suite (/run/syntrop, or $RUNTIME_DIRECTORY when
     it names no launcher directory)."""
     if explicit is not None:
@@ -92,7 +104,7 @@ def locate(explicit: Path | None = None) -> Path | None:
         above = Path(runtime.split(":")[0]).resolve().parent
         return above if is_launcher_directory(above) else None
     default = default_directory().resolve()
-    return default if is_launcher_directory(default) else None
+    return default if launcher_up(default) else None
 
 
 def use_dev_suite() -> None:
