@@ -19,6 +19,9 @@
 
     [devices.cpu]                   # the CPU plane: host RAM leases may hold
     memory_bytes = 8589934592       # (default: all of MemTotal)
+
+    emergency_units = ["runtimed.service"]   # (top level) may lease EmergencyTriage
+                                              # without polkit: runtimed's triage lane
 """
 
 from dataclasses import dataclass, field
@@ -35,6 +38,10 @@ DEFAULT_THRESHOLDS = {"memory": (10.0, 25.0)}
 class Config:
     root: Path = Path("/")
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    #: Units whose processes may take EmergencyTriage leases without polkit:
+    #: runtimed's triage lane (its dynamic user cannot reach the system bus,
+    #: so polkit cannot be asked for it). Told apart by the kernel's cgroup.
+    emergency_units: tuple[str, ...] = ("runtimed.service",)
     #: resource -> (elevated, critical) avg10 thresholds in percent.
     thresholds: dict[str, tuple[float, float]] = field(
         default_factory=lambda: dict(DEFAULT_THRESHOLDS)
@@ -72,8 +79,12 @@ def parse(data: dict[str, Any], where: str = "inferenced.toml") -> Config:
                 _number(pressure, keys[0], elevated, where),
                 _number(pressure, keys[1], critical, where),
             )
+    units = data.get("emergency_units", ["runtimed.service"])
+    if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
+        raise ConfigError(f"{where}: emergency_units must be a list of unit names")
     return Config(
         root=root,
+        emergency_units=tuple(units),
         topology=TopologyConfig(
             devices=devices, triage_plane=triage.get("plane"), triage_reserve_bytes=reserve
         ),

@@ -167,7 +167,7 @@ class InferenceService(Inference1):
         authorized to lease for others; EmergencyTriage preempts everyone
         and is authorized apart."""
         peer = current_peer()
-        if priority == "EmergencyTriage":
+        if priority == "EmergencyTriage" and not self._emergency_unit(peer.pid):
             await authz.authorize(authz.EMERGENCY, NotAuthorized)
         if authz.privileged(peer):
             return
@@ -178,6 +178,18 @@ class InferenceService(Inference1):
             own = named is None or (mine is not None and cgroup.contains(named, mine))
         if not own:
             await authz.authorize(authz.LEASE_OTHERS, NotAuthorized)
+
+    def _emergency_unit(self, pid: int) -> bool:
+        """Whether `pid` runs in one of the units configured to take
+        EmergencyTriage leases (runtimed's triage lane), by its cgroup."""
+        if self.mount is None or not pid:
+            return False
+        mine = cgroup.cgroup_of_pid(pid)
+        for unit in self.config.emergency_units:
+            named = cgroup.unit_cgroup(self.mount, unit)
+            if named is not None and mine is not None and cgroup.contains(named, mine):
+                return True
+        return False
 
     # cgroups and pids --------------------------------------------------------
 

@@ -44,6 +44,8 @@ COMPUTE_SHARE = 0.1
 KV_BYTES = 2
 #: Seconds inferenced has to answer.
 TIMEOUT = 10.0
+#: The group a worker's cgroup.freeze is given to (inferenced is a member).
+FREEZER = "syntrop"
 
 
 def _number(metadata: dict[str, Any], key: str, default: int = 0) -> int:
@@ -167,7 +169,27 @@ class WorkerCgroups:
         except cgroup.CgroupError as error:
             logger.warning("engine worker %d stays in runtimed's cgroup: %s", pid, error)
             return None
+        self._share_freezer(path)
         return path
+
+    def _share_freezer(self, path: str) -> None:
+        """Let group FREEZER into the worker's cgroup and write its
+        cgroup.freeze: the files of a delegated subtree are runtimed's
+        user's (its directories 0700 under UMask=0077), and inferenced, root
+        without capabilities and a member of that group, must freeze it.
+        Nobody else reaches the directory (0750)."""
+        import grp
+
+        assert self.mount is not None
+        directory = self.mount / path.lstrip("/")
+        try:
+            gid = grp.getgrnam(FREEZER).gr_gid
+            for target, mode in ((directory, 0o750), (directory / "cgroup.freeze", 0o660)):
+                os.chown(target, -1, gid)
+                os.chmod(target, mode)
+        except (KeyError, OSError) as error:
+            logger.warning("%s stays runtimed's alone (inferenced cannot freeze it): %s",
+                           directory, error)
 
     def drop(self, path: str | None) -> None:
         """Remove a worker's cgroup once its process has ended."""

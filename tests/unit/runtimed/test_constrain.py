@@ -62,7 +62,8 @@ def test_call_schema_follows_the_idl() -> None:
     parameters = schema["properties"]["parameters"]
     # ?string and ?int fields are optional; the others required.
     assert parameters["required"] == ["priority", "memory_bytes"]
-    assert list(parameters["properties"]) == ["priority", "memory_bytes", "plane", "unit", "pid"]
+    assert list(parameters["properties"]) == ["priority", "memory_bytes", "plane", "unit", "pid",
+                                             "exclusive"]
     assert parameters["properties"]["plane"]["anyOf"][1] == {"type": "null"}
     assert parameters["properties"]["priority"]["maxLength"] == constrain.MAX_STRING
     valid = {"method": "io.syntrop.Inference1.AcquireLease",
