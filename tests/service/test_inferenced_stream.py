@@ -29,8 +29,12 @@ def test_stream_inference_runs_on_runtimed_under_an_interactive_lease(tmp_path: 
                                             prompt="The capital of France is", _more=True)]
             assert len(chunks) > 1, chunks
             assert "".join(chunks).strip()
-            # The Interactive lease lived for the stream only.
-            assert iface.ListLeases()["leases"] == []
+            # The stream's Interactive lease lived for the stream only; what
+            # stays is runtimed's engine worker's, for the resident model.
+            leases = iface.ListLeases()["leases"]
+            assert [lease["priority"] for lease in leases] == ["Interactive"]
+            assert leases[0]["client_pid"] != os.getpid()
+            assert leases[0]["allocated_memory"] > os.stat(path).st_size
             with pytest.raises(varlink.VarlinkError) as caught:
                 list(iface.StreamInference(model="nope", prompt="x", _more=True))
             assert caught.value.error() == f"{NAME}.ModelNotFound"

@@ -132,7 +132,9 @@ def test_service_runs_in_the_declared_sandbox(instance: Instance, daemon: Daemon
     # MemoryDenyWriteExecute=yes: no writable and executable mapping exists.
     maps = instance.host_path(f"/proc/{pid}/maps").read_text()
     assert not [line for line in maps.splitlines() if line.split()[1].startswith("rwx")]
-    # Only inferenced may write the cgroup tree (cgroup.freeze of leases).
+    # Only inferenced (cgroup.freeze of leases) and runtimed (its delegated
+    # subtree: a cgroup per engine worker) see the cgroup tree writable;
+    # runtimed's dynamic user owns nothing else in it.
     mounts = {
         fields[4]: fields[5].split(",")[0]
         for fields in (
@@ -140,7 +142,7 @@ def test_service_runs_in_the_declared_sandbox(instance: Instance, daemon: Daemon
             for line in instance.host_path(f"/proc/{pid}/mountinfo").read_text().splitlines()
         )
     }
-    expected = "rw" if daemon.program == "inferenced" else "ro"
+    expected = "rw" if daemon.program in ("inferenced", "runtimed") else "ro"
     assert mounts["/sys/fs/cgroup"] == expected
     assert mounts["/sys"] == "ro"
     assert mounts.get("/home") == "ro"  # ProtectHome=yes: an empty, read-only directory

@@ -306,9 +306,14 @@ class Gateway:
         self.pressure = pressure or Pressure(config.psi_threshold, path=config.psi_file)
         #: runtimed providers without a free slot at the last look.
         self.full: set[str] = set()
+        #: runtimed providers' free slots at the last look (None: unknown).
+        self.free_slots: dict[str, int | None] = {}
         self._load_at = float("-inf")
         self._tasks: set[asyncio.Task[None]] = set()
         self._effective: tuple[object, object, tuple[ProviderConfig, ...]] = (None, None, ())
+        #: The other nodes of the fleet, as peer providers (fleet.py sets them).
+        self.fleet: tuple[ProviderConfig, ...] = ()
+        self._fleet_seen: object = None
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -320,6 +325,23 @@ class Gateway:
             p.id: REGISTRY[p.kind](p, self.paths) for p in config.providers}
         self.health = {p.id: self.health.get(p.id) or scoring.Health()
                        for p in config.providers}
+        fleet, self.fleet = self.fleet, ()
+        self.set_fleet(fleet)
+
+    def set_fleet(self, members: tuple[ProviderConfig, ...]) -> None:
+        """The fleet's other nodes now (from etcd): new ones become peer
+        providers, gone ones are dropped, unchanged ones keep their
+        connections, health and breakers."""
+        before = {p.id: p for p in self.fleet}
+        for member in before.values():
+            if member not in members:
+                self.providers.pop(member.id, None)
+                self.health.pop(member.id, None)
+        for member in members:
+            if before.get(member.id) != member:
+                self.providers[member.id] = REGISTRY[member.kind](member, self.paths)
+                self.health[member.id] = self.health.get(member.id) or scoring.Health()
+        self.fleet = members
 
     async def discover(self) -> None:
         """Ask providers configured without a model list for theirs (one
@@ -348,6 +370,11 @@ class Gateway:
         if found != self.discovered:
             self.discovered = found
 
+    def start_discovery(self) -> None:
+        """Begin a round of `discover` without waiting for it."""
+        self._discovered_at = time.monotonic()
+        self._discovering = asyncio.get_running_loop().create_task(self._discover())
+
     async def rediscover(self) -> bool:
         """Discover again, at most once per REDISCOVER_INTERVAL (or wait for
         the round in flight), when some provider's models are asked rather
@@ -366,13 +393,22 @@ class Gateway:
         """The providers with their model lists, configured or discovered
         (remade only when the configuration or a discovered list changed)."""
         key = (self.config, self.discovered)
-        if self._effective[0] is not key[0] or self._effective[1] is not key[1]:
+        if self._effective[0] is not key[0] or self._effective[1] is not key[1] or \
+                self._fleet_seen is not self.fleet:
             from dataclasses import replace
 
+            self._fleet_seen = self.fleet
             self._effective = (*key, tuple(
                 p if p.models else replace(p, models=self.discovered.get(p.id, ()))
-                for p in self.config.providers))
+                for p in self.config.providers) + self.fleet)
         return self._effective[2]
+
+    def local_models(self) -> list[str]:
+        """The models this node's own providers serve (what it advertises
+        to the fleet: not what it routes to other nodes)."""
+        fleet = {p.id for p in self.fleet}
+        return sorted({m for p in self.effective() if p.id not in fleet and p.tier == "local"
+                       for m in p.models})
 
     def models(self) -> list[tuple[str, str]]:
         """(model, provider) pairs, each model once, in configuration order."""
@@ -462,6 +498,7 @@ class Gateway:
             provider = self.providers.get(config.id)
             probe = getattr(provider, "free_slots", None)
             free = await probe() if probe is not None else None
+            self.free_slots[config.id] = free
             if free == 0:
                 self.full.add(config.id)
             else:

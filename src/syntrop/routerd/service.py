@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from syntrop.config import ConfigError, Paths
 from syntrop.interfaces.router import (
@@ -26,6 +27,9 @@ from syntrop.routerd.gateway import DISCOVERY_TIMEOUT, Gateway
 from syntrop.routerd.http import HTTPServer
 from syntrop.routerd.providers import ProviderError
 from syntrop.varlink import authz, implements
+
+if TYPE_CHECKING:
+    from syntrop.routerd.fleet import Fleet
 
 #: Seconds a real probe of a provider may take (runtimed: a model load and a token).
 PROBE_TIMEOUT = 60.0
@@ -54,6 +58,7 @@ class RouterService(Router1):
         self.gateway = Gateway(self.config, paths)
         self.http = HTTPServer(self.gateway, self.config)
         self.started = time.monotonic()
+        self.fleet: Fleet | None = None
 
     @classmethod
     async def open(cls, paths: Paths,
@@ -73,19 +78,42 @@ class RouterService(Router1):
             config = service.config
             context = server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
             await service.http.start(config.tls_listen, tls=context)
-        await service.gateway.discover()
+        # In the background: the first reply (a /health, a Varlink call) must
+        # not wait for providers' model lists; a request that needs one
+        # waits for this same round (Gateway.rediscover).
+        service.gateway.start_discovery()
         service.gateway.look_at_peers()  # in the background: a dead peer must not delay start
+        if service.config.fleet.etcd:
+            from syntrop.routerd.fleet import Fleet
+
+            service.fleet = Fleet(service.config.fleet, service.gateway.set_fleet,
+                                  service.fleet_load)
+            service.fleet.start()
         logger.info("HTTP on %s", ", ".join(service.http.addresses) or "nothing")
         return service
 
     def keep_alive(self) -> bool:
         """Stay while HTTP clients are connected or came since the last idle
-        check: Varlink idleness alone must not end the HTTP ingress."""
+        check (Varlink idleness alone must not end the HTTP ingress), and
+        always in a fleet: leaving on idle would drop this node from it."""
         active, self.http.active = self.http.active, False
-        return self.http.connections > 0 or active
+        return self.http.connections > 0 or active or self.fleet is not None
 
     async def aclose(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.close()
         await self.http.close()
+
+    def fleet_load(self) -> dict[str, object]:
+        """What this node publishes to the fleet: its own models and load."""
+        from syntrop.routerd.pressure import free_accelerator_bytes
+
+        self.gateway.throttled()  # refreshes runtimed's free slots (in the background)
+        slots = [f for f in self.gateway.free_slots.values() if f is not None]
+        return {"models": self.gateway.local_models(),
+                "free_slots": sum(slots) if slots else None,
+                "memory_some": round(self.gateway.pressure.memory_some(), 1),
+                "free_accelerator_bytes": free_accelerator_bytes()}
 
     @implements
     def GetStatus(self) -> StatusResult:
@@ -100,6 +128,8 @@ class RouterService(Router1):
             requests_total=self.gateway.requests_total,
             routing_errors=self.gateway.routing_errors,
             ingress_failed=list(self.http.failed),
+            fleet=self.fleet.state if self.fleet is not None else "off",
+            fleet_members=sorted(self.fleet.members) if self.fleet is not None else [],
         )
 
     @implements

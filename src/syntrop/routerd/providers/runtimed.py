@@ -403,11 +403,13 @@ class RuntimedProvider:
         """The configured models, once runtimed answers on its socket;
         without a list, every model modeld holds (runtimed loads them from
         there): `name` for a :latest tag, `name:tag` for the others."""
-        client = await self._client()
-        async with client:
-            pass
         if self.config.models:
+            client = await self._client()
+            async with client:
+                pass
             return list(self.config.models)
+        # Asked of modeld alone: runtimed starts on the first request, not
+        # because routerd started.
         from syntrop.interfaces.model import NAME, Model1
         from syntrop.varlink.client import CallTimeout, connect
 
