@@ -38,12 +38,16 @@ def format_status(status: dict[str, Any], varlink: str,
     some = status["memory_some"]
     names = f" ({', '.join(healthy)})" if healthy else ""
     failed = status.get("ingress_failed") or []
-    state = "DEGRADED" if failed or not status["ingress"] else "OPERATIONAL"
+    fleet = status.get("fleet", "off")
+    state = "DEGRADED" if failed or not status["ingress"] or fleet == "degraded" \
+        else "OPERATIONAL"
     return "\n".join([
         "● routerd.service - Intelligent Model Router and Wire Protocol Gateway",
         f"Status: {state} (Uptime: {_uptime(status['uptime_usec'])})",
         f"Wire Ingress: {', '.join(status['ingress']) or 'none'}",
         *([f"Ingress Failed: {'; '.join(failed)}"] if failed else []),
+        *([f"Fleet: {fleet} ({', '.join(status.get('fleet_members') or []) or 'no other node'})"]
+          if fleet != "off" else []),
         f"Varlink IPC: {varlink}",
         f"Memory RSS: {status['rss_bytes'] / MIB:.2f} MiB (MemoryHigh: 24M, MemoryMax: 32M)",
         f"Kernel PSI: Memory {some:.1f}% some ({'high' if some > 25 else 'normal'})",

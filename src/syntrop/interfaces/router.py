@@ -76,6 +76,8 @@ class StatusResult(TypedDict):
     requests_total: int
     routing_errors: int
     ingress_failed: list[str]
+    fleet: str
+    fleet_members: list[str]
 
 
 class ModelsResult(TypedDict):
@@ -151,6 +153,9 @@ class Router1(Interface, name=NAME):
             routing_errors: Requests that found no route.
             ingress_failed: HTTP addresses routerd could not listen on, each
                 with why (e.g. "127.0.0.1:32768: Address already in use").
+            fleet: off (no [fleet]), starting, ok, or degraded (etcd does not
+                answer: the last members known are routed to).
+            fleet_members: The other nodes of the fleet, by id.
         """
 
     @method(return_parameter="providers")

@@ -45,6 +45,32 @@ DERIVED = (ProviderConfig(id=DERIVED_ID, kind="runtimed"),)
 
 
 @dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """[fleet]: membership and load in etcd (routerd/fleet.py)."""
+
+    #: etcd client URLs (http:// or https://); empty: no fleet.
+    etcd: tuple[str, ...] = ()
+    #: This node's id in the fleet (default: the host name).
+    node: str = ""
+    #: The OpenAI base URL other nodes reach this one at, e.g.
+    #: https://10.0.0.7:32443/v1 (its tls_listen) or http://…:32768/v1.
+    advertise: str = ""
+    prefix: str = "/syntrop/fleet/"
+    #: Seconds a dead node stays a member (its etcd lease's TTL).
+    ttl: int = 5
+    #: Least seconds between two publications of this node's load.
+    publish_interval: float = 1.0
+    #: etcd's client TLS: its CA, our certificate and key.
+    etcd_ca: str = ""
+    etcd_cert: str = ""
+    etcd_key: str = ""
+    #: The other nodes' TLS (mutual, as for `peer` providers).
+    peer_ca: str = ""
+    peer_cert: str = ""
+    peer_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole file, validated."""
 
@@ -78,6 +104,7 @@ class Config:
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
     #: No [[providers]] configured: the providers are DERIVED.
     derived: bool = False
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
 
 def parse_address(text: str) -> tuple[str, int] | str:
@@ -241,8 +268,39 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         providers=tuple(providers) if "providers" in data else DERIVED,
         derived="providers" not in data,
         api_keys=_api_keys(http, path),
+        fleet=_fleet(data, path),
     )
 
+
+
+def _fleet(data: dict[str, Any], path: str) -> FleetConfig:
+    table = data.get("fleet", {})
+    where = f"{path}: fleet"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    etcd = table.get("etcd", [])
+    if not isinstance(etcd, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in etcd):
+        raise ConfigError(f"{where}.etcd must be a list of http:// or https:// URLs")
+    strings = {}
+    for name in ("node", "advertise", "prefix", "etcd_ca", "etcd_cert", "etcd_key",
+                 "peer_ca", "peer_cert", "peer_key"):
+        value = table.get(name, getattr(FleetConfig(), name))
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}.{name} must be a string")
+        strings[name] = value
+    if etcd and not strings["advertise"].startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.advertise must be the http(s) URL other nodes reach "
+                          "this node's /v1 at")
+    if not strings["prefix"].startswith("/") or not strings["prefix"].endswith("/"):
+        raise ConfigError(f"{where}.prefix must start and end with /")
+    if not strings["node"]:
+        import socket
+
+        strings["node"] = socket.gethostname()
+    return FleetConfig(etcd=tuple(etcd), ttl=max(2, int(_number(table, "ttl", 5, where))),
+                       publish_interval=_number(table, "publish_interval", 1.0, where),
+                       **strings)
 
 
 def load(path: Path) -> Config:

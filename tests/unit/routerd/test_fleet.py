@@ -1,0 +1,59 @@
+"""The fleet's pure parts: [fleet] parsing, etcd's JSON, members from records."""
+
+import base64
+import json
+
+import pytest
+
+from syntrop.config import ConfigError
+from syntrop.routerd import etcd
+from syntrop.routerd.config import parse
+from syntrop.routerd.fleet import Fleet
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_fleet_config_defaults_and_errors() -> None:
+    assert parse({}).fleet.etcd == ()
+    fleet = parse({"fleet": {"etcd": ["http://127.0.0.1:2379"], "node": "n1",
+                             "advertise": "http://10.0.0.1:32768/v1", "ttl": 1}}).fleet
+    assert (fleet.node, fleet.ttl, fleet.prefix) == ("n1", 2, "/syntrop/fleet/")  # ttl >= 2
+    assert parse({"fleet": {"etcd": ["http://e:2379"],
+                            "advertise": "http://x/v1"}}).fleet.node  # the host name
+    for table, words in (({"etcd": ["e:2379"]}, "URLs"),
+                         ({"etcd": ["http://e:2379"]}, "advertise"),
+                         ({"etcd": [], "prefix": "nope"}, "prefix"),
+                         ({"node": 3}, "string")):
+        with pytest.raises(ConfigError, match=words):
+            parse({"fleet": table})
+
+
+def test_prefix_end_and_watch_messages() -> None:
+    assert base64.b64decode(etcd.prefix_end("/a/")) == b"/a0"
+    line = json.dumps({"result": {"header": {"revision": "7"}, "events": [
+        {"kv": {"key": b64("/p/nodes/b"), "value": b64("{}")}},
+        {"type": "DELETE", "kv": {"key": b64("/p/nodes/c")}}]}}).encode()
+    assert etcd._events(line) == [etcd.Event("PUT", "/p/nodes/b", "{}", 7),
+                                  etcd.Event("DELETE", "/p/nodes/c", "", 7)]
+    assert etcd._events(b'{"result": {"created": true}}') == []
+    assert etcd._events(b"not json") == []
+    with pytest.raises(etcd.EtcdError, match="canceled"):
+        etcd._events(b'{"result": {"canceled": true, "cancel_reason": "compacted"}}')
+
+
+def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
+    config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a",
+                              "advertise": "http://a:1/v1", "peer_ca": "/ca.pem"}}).fleet
+    seen: list[object] = []
+    fleet = Fleet(config, seen.append, lambda: {})
+    fleet._apply("/syntrop/fleet/nodes/a", json.dumps({"endpoint": "http://a:1/v1"}))  # self
+    fleet._apply("/syntrop/fleet/nodes/b", json.dumps(
+        {"endpoint": "http://b:1/v1", "models": ["m"], "free_slots": 0}))
+    fleet._apply("/syntrop/fleet/nodes/c", "not json")
+    fleet._apply("/syntrop/fleet/nodes/d", json.dumps({"endpoint": "file:///x"}))
+    (member,) = fleet.providers()
+    assert (member.id, member.kind, member.tier, member.endpoint, member.models,
+            member.tls_ca) == ("fleet:b", "peer", "lan", "http://b:1/v1", ("m",), "/ca.pem")
+    assert fleet.free_slots("fleet:b") == 0 and fleet.free_slots("fleet:x") is None
