@@ -330,12 +330,14 @@ def measure(name: str, up_port: int, args: argparse.Namespace,
             time.sleep(1)
             idle = _rss_mib(process.pid)
             _timed(port, BODY, 100)
+            slow = name == "litellm"
+            samples = min(args.samples, args.litellm_requests // 2) if slow else args.samples
             cpu = _cpu_s(process.pid)
-            plain = _percentiles(_timed(port, BODY, args.samples))
-            cpu_per_request = (_cpu_s(process.pid) - cpu) / args.samples
-            streamed = _percentiles(_timed(port, STREAM, args.samples, True))
+            plain = _percentiles(_timed(port, BODY, samples))
+            cpu_per_request = (_cpu_s(process.pid) - cpu) / samples
+            streamed = _percentiles(_timed(port, STREAM, samples, True))
             results: multiprocessing.Queue[int] = multiprocessing.Queue()
-            share = args.requests // args.clients
+            share = (args.litellm_requests if slow else args.requests) // args.clients
             clients = [multiprocessing.Process(target=_load, args=(port, share, results))
                        for _ in range(args.clients)]
             began = time.perf_counter()
@@ -356,7 +358,7 @@ def measure(name: str, up_port: int, args: argparse.Namespace,
                 process.kill()
                 process.wait()
     row = {"first_200_ms": first * 1000, "rss_idle": idle, "rss_after": after,
-           "served": 100 + 2 * args.samples + total + 1,
+           "served": 100 + 2 * samples + total + 1,
            "added_p50": plain[0] - direct[0], "added_p99": plain[1] - direct[1],
            "added_s_p50": streamed[0] - direct_s[0], "added_s_p99": streamed[1] - direct_s[1],
            "rps": total / elapsed, "cpu_us": cpu_per_request * 1e6, "peak": peak}
@@ -383,6 +385,9 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=400,
                         help="connections at once in the last phase (0: skip it)")
     parser.add_argument("--each", type=int, default=20, help="requests per connection there")
+    parser.add_argument("--litellm-requests", type=int, default=1000,
+                        help="LiteLLM's share of the load phase and samples (it serves ~50/s "
+                             "here: 10,000 would take minutes)")
     parser.add_argument("--only", nargs="*", default=["minimal", "routerd", "litellm"])
     args = parser.parse_args()
     up_port = _free_port()
