@@ -151,6 +151,3 @@ class BlobTree:
                 name, tag_format = path.parent.name, path.name
                 tag, _, format = tag_format.rpartition(".")
                 self.link_name(name, tag, format, digest)
-
-    def stored_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry in os.scandir(self.blobs))

@@ -40,10 +40,6 @@ class StaleSession(SessionError):
         self.owner = owner
 
 
-class ManifestChanged(SessionError):
-    """A suffix whose manifest differs from the resident prefix's."""
-
-
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -201,9 +201,6 @@ class Systemd:
         """One property of a unit (e.g. Service.CacheDirectory)."""
         return await self._get(await self.load_unit(name), interface, prop)
 
-    async def reset_failed(self, name: str) -> None:
-        await self._call(PATH, MANAGER, "ResetFailedUnit", "s", name)
-
     async def run_job(self, method: str, unit: str, *, mode: str = "replace",
                       timeout: float = 90) -> JobResult:
         """Queue StartUnit/StopUnit/RestartUnit/ReloadUnit/TryRestartUnit and

@@ -604,7 +604,6 @@ class Server:
         self.stopped = asyncio.Event()
         self.keep_alive = keep_alive
         self._idle_handle: asyncio.TimerHandle | None = None
-        self._accept_paused = False
 
     def lookup_method(
         self, call: VarlinkMethodCall
