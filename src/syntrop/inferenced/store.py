@@ -136,21 +136,21 @@ class Store:
             c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
             c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])
 
-        await self.db.run(write)
+        await self.db.batched(write)
 
     async def set_states(self, states: dict[str, str]) -> None:
         def write(c: sqlite3.Connection) -> None:
             c.executemany("UPDATE leases SET state = ? WHERE id = ?",
                           [(state, lease_id) for lease_id, state in states.items()])
 
-        await self.db.run(write)
+        await self.db.batched(write)
 
     async def put_model(self, model: Model) -> None:
         def write(c: sqlite3.Connection) -> None:
             c.execute("INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?)",
                       (model.id, model.format, model.path, model.estimated_bytes))
 
-        await self.db.run(write)
+        await self.db.batched(write)
 
     async def set_quarantine(self, plane: str, reason: str | None) -> None:
         def write(c: sqlite3.Connection) -> None:
@@ -159,7 +159,7 @@ class Store:
             else:
                 c.execute("INSERT OR REPLACE INTO quarantine VALUES (?, ?)", (plane, reason))
 
-        await self.db.run(write)
+        await self.db.batched(write)
 
     def close(self) -> None:
         self.db.close()

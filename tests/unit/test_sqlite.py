@@ -1,0 +1,52 @@
+"""syntrop/system/sqlite.py's group commit: concurrent work shares one
+COMMIT, each caller returns once its own work is committed, and one that
+fails is undone alone."""
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from syntrop.system.sqlite import Database
+
+SCHEMA = ("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)",)
+
+
+def test_concurrent_work_shares_commits_and_a_failure_is_undone_alone(tmp_path: Path) -> None:
+    db = Database(tmp_path / "t.db", SCHEMA)
+
+    def insert(key: int, value: str | None) -> Callable[[sqlite3.Connection], int]:
+        def write(c: sqlite3.Connection) -> int:
+            c.execute("INSERT INTO t VALUES (?, ?)", (key, value))  # NULL fails: NOT NULL
+            return key
+        return write
+
+    async def many() -> list[object]:
+        return await asyncio.gather(
+            *(db.batched(insert(k, None if k == 13 else str(k))) for k in range(100)),
+            return_exceptions=True)
+
+    results = asyncio.run(many())
+    assert [r for r in results if isinstance(r, int)] == [k for k in range(100) if k != 13]
+    assert isinstance(results[13], sqlite3.IntegrityError)
+    assert db.grouped == 100 and db.commits < 100  # grouped: fewer commits than work
+    db.close()
+    # Durable: another connection sees exactly what was reported committed.
+    other = sqlite3.connect(tmp_path / "t.db")
+    keys = [k for (k,) in other.execute("SELECT k FROM t ORDER BY k")]
+    other.close()
+    assert keys == [k for k in range(100) if k != 13]
+
+
+def test_a_lone_caller_is_committed_at_once(tmp_path: Path) -> None:
+    db = Database(tmp_path / "t.db", SCHEMA)
+    for key in range(3):
+        assert asyncio.run(db.batched(lambda c, key=key: c.execute(
+            "INSERT INTO t VALUES (?, 'x')", (key,)).rowcount)) == 1
+    assert db.commits == 3
+    with pytest.raises(sqlite3.IntegrityError):
+        asyncio.run(db.batched(lambda c: c.execute("INSERT INTO t VALUES (0, 'dup')")))
+    assert db.sync(lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0]) == 3
+    db.close()
