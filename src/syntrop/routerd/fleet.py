@@ -19,7 +19,8 @@ etcd answers it takes a new lease, publishes, and reads the members afresh.
 Members become `peer` providers of the gateway (tier lan, their models as
 they published them), so routing, breakers and the continuation of a stream
 whose node dies mid-answer are the ones LAN peers already have. A member
-that published no free slot is throttled like a full local runtimed.
+that published no free slot is throttled like a full local runtimed: tried
+after the others.
 """
 
 import asyncio
@@ -40,8 +41,8 @@ RETRY = 1.0
 
 
 class Fleet:
-    def __init__(self, config: FleetConfig, on_members: Callable[[tuple[ProviderConfig, ...]],
-                                                                   None],
+    def __init__(self, config: FleetConfig,
+                 on_members: Callable[[tuple[ProviderConfig, ...], frozenset[str]], None],
                  load: Callable[[], dict[str, Any]]) -> None:
         self.config = config
         self.etcd = Etcd(config.etcd, timeout=max(1.0, config.ttl / 3), tls_ca=config.etcd_ca,
@@ -162,7 +163,12 @@ class Fleet:
             for node, record in sorted(self.members.items()))
 
     def _changed(self) -> None:
-        self.on_members(self.providers())
+        self.on_members(self.providers(), self.full())
+
+    def full(self) -> frozenset[str]:
+        """Members that published no free slot (their runtimed is full)."""
+        return frozenset(f"fleet:{node}" for node, record in self.members.items()
+                         if record.get("free_slots") == 0)
 
     def free_slots(self, provider_id: str) -> int | None:
         """What member `provider_id` (fleet:NODE) last published of its free

@@ -314,6 +314,7 @@ class Gateway:
         #: The other nodes of the fleet, as peer providers (fleet.py sets them).
         self.fleet: tuple[ProviderConfig, ...] = ()
         self._fleet_seen: object = None
+        self.fleet_full: frozenset[str] = frozenset()
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -328,10 +329,13 @@ class Gateway:
         fleet, self.fleet = self.fleet, ()
         self.set_fleet(fleet)
 
-    def set_fleet(self, members: tuple[ProviderConfig, ...]) -> None:
+    def set_fleet(self, members: tuple[ProviderConfig, ...],
+                  full: frozenset[str] = frozenset()) -> None:
         """The fleet's other nodes now (from etcd): new ones become peer
         providers, gone ones are dropped, unchanged ones keep their
-        connections, health and breakers."""
+        connections, health and breakers. `full`: those that published no
+        free slot, throttled like a full local runtimed."""
+        self.fleet_full = full
         before = {p.id: p for p in self.fleet}
         for member in before.values():
             if member not in members:
@@ -509,7 +513,7 @@ class Gateway:
     def route(self, model: str, prompt_tokens: int | None = None,
               now: float | None = None) -> list[scoring.Scored]:
         return scoring.candidates(model, self.effective(), self.health, prompt_tokens, now,
-                                  self.breakers, self.throttled())
+                                  self.breakers, self.throttled(), self.fleet_full)
 
     def _breaker(self, candidate: scoring.Scored) -> scoring.Breaker:
         key = (candidate.provider, candidate.model)

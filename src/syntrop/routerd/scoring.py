@@ -148,11 +148,13 @@ def candidates(
     now: float | None = None,
     breakers: dict[tuple[str, str], Breaker] | None = None,
     throttle_local: bool = False,
+    full: frozenset[str] = frozenset(),
 ) -> list[Scored]:
     """Candidates for `model` (a model or an alias), best first: those a
     breaker lets through before cooling ones, and under `throttle_local`
     (memory pressure, no free slots) local ones after the LAN and remote
-    tiers. Cooling candidates stay in the list so that the caller can wait
+    tiers; so are the providers in `full` (fleet members that published no
+    free slot). Cooling candidates stay in the list so that the caller can wait
     for the earliest `retry_at`."""
     now = time.monotonic() if now is None else now
     kind = intent(model, prompt_tokens)
@@ -175,7 +177,7 @@ def candidates(
             else:
                 cooling = not breaker.admits(now)
                 retry_at = breaker.open_until
-            throttled = throttle_local and provider.tier == "local"
+            throttled = (throttle_local and provider.tier == "local") or provider.id in full
             total = provider.weight * (ws * speed + wc * cost + wcap * capability)
             scored = Scored(provider.id, name, round(total, 1), speed, cost, capability,
                             cooling, throttled, retry_at)

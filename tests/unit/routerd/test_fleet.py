@@ -47,7 +47,7 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a",
                               "advertise": "http://a:1/v1", "peer_ca": "/ca.pem"}}).fleet
     seen: list[object] = []
-    fleet = Fleet(config, seen.append, lambda: {})
+    fleet = Fleet(config, lambda members, full: seen.append((members, full)), lambda: {})
     fleet._apply("/syntrop/fleet/nodes/a", json.dumps({"endpoint": "http://a:1/v1"}))  # self
     fleet._apply("/syntrop/fleet/nodes/b", json.dumps(
         {"endpoint": "http://b:1/v1", "models": ["m"], "free_slots": 0}))
@@ -57,3 +57,16 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     assert (member.id, member.kind, member.tier, member.endpoint, member.models,
             member.tls_ca) == ("fleet:b", "peer", "lan", "http://b:1/v1", ("m",), "/ca.pem")
     assert fleet.free_slots("fleet:b") == 0 and fleet.free_slots("fleet:x") is None
+    assert fleet.full() == {"fleet:b"}  # published no free slot: throttled
+
+
+def test_a_full_member_is_tried_after_the_others() -> None:
+    from syntrop.routerd import scoring
+    from syntrop.routerd.config import ProviderConfig
+
+    members = tuple(ProviderConfig(id=f"fleet:{n}", kind="peer", tier="lan",
+                                   endpoint=f"http://{n}:1/v1", models=("m",)) for n in "bc")
+    order = [s.provider for s in scoring.candidates("m", members, {})]
+    assert order == ["fleet:b", "fleet:c"]
+    full = scoring.candidates("m", members, {}, full=frozenset({"fleet:b"}))
+    assert [(s.provider, s.throttled) for s in full] == [("fleet:c", False), ("fleet:b", True)]
