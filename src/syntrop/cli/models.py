@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from syntrop.interfaces.model import Model, PullProgress
     from syntrop.modeld.refs import PathRef, Reference
-    from syntrop.modeld.registries import Artifact
+    from syntrop.pull.registries import Artifact
     from syntrop.varlink.client import Client
 
 
@@ -373,7 +373,7 @@ def _bare_name(reference: "PathRef") -> "Reference":
     Without one configured, a message saying how to configure or name it."""
     from syntrop.config import ConfigError, paths
     from syntrop.modeld import refs
-    from syntrop.modeld.registries import Settings
+    from syntrop.pull.registries import Settings
 
     text = reference.path
     if os.path.lexists(text) or not _BARE.fullmatch(text):
@@ -432,8 +432,8 @@ def _pull_remote(reference: "Reference", args: argparse.Namespace, display: Disp
     import httpx
 
     from syntrop.config import ConfigError, paths
-    from syntrop.modeld.fetch import tune_for_bulk
-    from syntrop.modeld.registries import RegistryError, Settings, registry_for
+    from syntrop.pull.fetch import tune_for_bulk
+    from syntrop.pull.registries import RegistryError, Settings, registry_for
 
     tune_for_bulk()
     try:
@@ -510,9 +510,9 @@ async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
     from asyncvarlink import FileDescriptor
 
     from syntrop.interfaces.model import DigestMismatch, PullFailed
-    from syntrop.modeld.fetch import RangeIgnored, StoreClosed, fetch
-    from syntrop.modeld.registries import RegistryError
     from syntrop.modeld.staging import set_pipe_size
+    from syntrop.pull.fetch import RangeIgnored, StoreClosed, fetch
+    from syntrop.pull.registries import RegistryError
     from syntrop.varlink.client import CallTimeout
 
     read_end, write_end = os.pipe2(os.O_CLOEXEC)

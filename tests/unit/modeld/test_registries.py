@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from syntrop.modeld import refs
-from syntrop.modeld.fetch import RangeIgnored, fetch
-from syntrop.modeld.registries import RegistryError, Settings, registry_for
-from syntrop.modeld.registries.hf import etag_sha256
+from syntrop.pull.fetch import RangeIgnored, fetch
+from syntrop.pull.registries import RegistryError, Settings, registry_for
+from syntrop.pull.registries.hf import etag_sha256
 from tests.unit.modeld.registry import LoopbackRegistry, serving
 
 DATA = os.urandom(300_000)
@@ -166,7 +166,7 @@ def test_a_refused_tls_certificate_is_not_retried(tmp_path: Path) -> None:
     import subprocess
     import threading
 
-    from syntrop.modeld.registries.base import transport_error
+    from syntrop.pull.registries.base import transport_error
 
     if shutil.which("openssl") is None:
         pytest.skip("no openssl command to make a certificate")

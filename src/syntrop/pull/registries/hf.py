@@ -15,7 +15,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpx
 
 from syntrop.modeld import refs
-from syntrop.modeld.registries.base import (
+from syntrop.pull.registries.base import (
     Artifact,
     RegistryError,
     Settings,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import httpcore
 import httpx
 
-from syntrop.modeld.registries.base import Artifact, RegistryError, status_error, transport_error
+from syntrop.pull.registries.base import Artifact, RegistryError, status_error, transport_error
 from syntrop.system.files import write_all
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")

@@ -12,7 +12,7 @@ at loopback servers and nothing here knows a host name: endpoints come from
 from typing import TYPE_CHECKING
 
 from syntrop.modeld import refs
-from syntrop.modeld.registries.base import (
+from syntrop.pull.registries.base import (
     Artifact,
     Registry,
     RegistryError,
@@ -20,9 +20,9 @@ from syntrop.modeld.registries.base import (
     status_error,
     transport_error,
 )
-from syntrop.modeld.registries.hf import HuggingFace
-from syntrop.modeld.registries.ollama import Ollama
-from syntrop.modeld.registries.web import Web
+from syntrop.pull.registries.hf import HuggingFace
+from syntrop.pull.registries.ollama import Ollama
+from syntrop.pull.registries.web import Web
 
 if TYPE_CHECKING:
     import httpx

@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlsplit
 import httpx
 
 from syntrop.modeld import refs
-from syntrop.modeld.registries.base import Artifact, Settings, status_error, transport_error
+from syntrop.pull.registries.base import Artifact, Settings, status_error, transport_error
 
 
 class Web:

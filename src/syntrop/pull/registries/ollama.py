@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import httpx
 
 from syntrop.modeld import names, refs
-from syntrop.modeld.registries.base import (
+from syntrop.pull.registries.base import (
     Artifact,
     RegistryError,
     Settings,
