@@ -12,7 +12,7 @@ def _label(value: str) -> str:
 
 
 def render(gateway: "Gateway") -> str:
-    from syntrop.routerd.service import rss_bytes
+    from syntrop.system.process import rss_bytes
 
     lines: list[str] = []
 

@@ -1,9 +1,11 @@
 """Host pressure for offload decisions: memory PSI (avg10 of "some") read
-at most once a second. The reader is injectable for tests."""
+at most once a second. The reader is injectable for tests; the kernel's
+files are read by syntrop.system (psi, sysfs), as everywhere."""
 
-import glob
 import time
 from collections.abc import Callable
+
+from syntrop.system import psi
 
 PSI_PATH = "/proc/pressure/memory"
 
@@ -13,15 +15,9 @@ def read_memory_some(path: str = PSI_PATH) -> float:
     missing or unreadable."""
     try:
         with open(path) as pressure:
-            for line in pressure:
-                if line.startswith("some"):
-                    for field in line.split()[1:]:
-                        key, _, value = field.partition("=")
-                        if key == "avg10":
-                            return float(value)
-    except (OSError, ValueError):
-        pass
-    return 0.0
+            return psi.parse(pressure.read()).some.avg10
+    except (OSError, psi.PsiFormatError):
+        return 0.0
 
 
 class Pressure:
@@ -50,12 +46,11 @@ class Pressure:
 
 def free_accelerator_bytes() -> int | None:
     """Free memory of the accelerators the kernel reports in sysfs (DRM
-    cards with mem_info_vram_*); None where none does."""
+    devices with mem_info_vram_*); None where none does."""
+    from syntrop.system import sysfs
+
     free = None
-    for total_path in glob.glob("/sys/class/drm/card*/device/mem_info_vram_total"):
-        try:
-            with open(total_path) as total, open(total_path[:-5] + "used") as used:
-                free = (free or 0) + max(0, int(total.read()) - int(used.read()))
-        except (OSError, ValueError):
-            continue
+    for device in sysfs.accelerators():
+        if device.vram_total is not None and device.vram_used is not None:
+            free = (free or 0) + max(0, device.vram_total - device.vram_used)
     return free

@@ -26,6 +26,7 @@ from syntrop.routerd import scoring
 from syntrop.routerd.gateway import DISCOVERY_TIMEOUT, Gateway
 from syntrop.routerd.http import HTTPServer
 from syntrop.routerd.providers import ProviderError
+from syntrop.system import process
 from syntrop.varlink import authz, implements
 
 if TYPE_CHECKING:
@@ -35,17 +36,6 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT = 60.0
 
 logger = logging.getLogger(__name__)
-
-
-def rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 class RouterService(Router1):
@@ -121,7 +111,7 @@ class RouterService(Router1):
         return StatusResult(
             uptime_usec=int((time.monotonic() - self.started) * 1_000_000),
             ingress=list(self.http.addresses),
-            rss_bytes=rss_bytes(),
+            rss_bytes=process.rss_bytes(),
             memory_some=self.gateway.pressure.memory_some(),
             providers_total=len(self.config.providers),
             providers_healthy=healthy,

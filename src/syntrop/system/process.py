@@ -55,3 +55,15 @@ def pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         return None
+
+
+def rss_bytes(pid: int | str = "self", *, proc: Path = Path("/proc")) -> int:
+    """Resident memory of a process (VmRSS), in bytes; 0 when unreadable."""
+    try:
+        with open(proc / str(pid) / "status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0

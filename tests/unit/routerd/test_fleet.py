@@ -2,6 +2,7 @@
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,17 @@ def test_a_full_member_is_tried_after_the_others() -> None:
     assert order == ["fleet:b", "fleet:c"]
     full = scoring.candidates("m", members, {}, full=frozenset({"fleet:b"}))
     assert [(s.provider, s.throttled) for s in full] == [("fleet:c", False), ("fleet:b", True)]
+
+
+def test_pressure_and_rss_come_from_syntrop_system(tmp_path: Path) -> None:
+    from syntrop.routerd.pressure import read_memory_some
+    from syntrop.system.process import rss_bytes
+
+    pressure = tmp_path / "memory"
+    pressure.write_text("some avg10=12.50 avg60=1.00 avg300=0.10 total=9\n"
+                        "full avg10=3.00 avg60=0.00 avg300=0.00 total=1\n")
+    assert read_memory_some(str(pressure)) == 12.5
+    pressure.write_text("garbage\n")
+    assert read_memory_some(str(pressure)) == 0.0
+    assert read_memory_some(str(tmp_path / "absent")) == 0.0
+    assert rss_bytes() > 1 << 20 and rss_bytes(2 ** 22 + 7) == 0
