@@ -5,22 +5,15 @@ import asyncio
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from asyncvarlink import VarlinkErrorReply
 
-from syntrop.cli.launcher import DAEMONS, Daemon
+from syntrop.cli.launcher import Daemon
 from syntrop.varlink.client import CallTimeout, connect
 from syntrop.varlink.contract import Interface
 from tests.service.wire import (
     Running,
-    idl,
     service_class,
-    skip_implemented,
-    streaming,
-    unimplemented,
-    valid_parameters,
 )
 
 
@@ -32,57 +25,6 @@ def _contract(daemon: Daemon) -> type[Interface]:
         for base in service.__mro__[1:]
         if issubclass(base, Interface) and base.name == daemon.interface
     )
-
-
-def _plain_unimplemented(daemon: Daemon, *, stream: bool) -> tuple[str, dict[str, Any]]:
-    """An unimplemented method whose valid parameters need no records
-    (the typed client wants dataclasses where the IDL has structs)."""
-    interface = idl(daemon)
-    for name in unimplemented(daemon):
-        if (name in streaming(daemon)) != stream:
-            continue
-        parameters = valid_parameters(interface, name)
-        if not any(isinstance(value, dict) for value in parameters.values()):
-            return name, parameters
-    skip_implemented(daemon, stream=stream)
-
-
-def _assert_not_implemented(error: BaseException, name: str) -> None:
-    assert isinstance(error, VarlinkErrorReply), repr(error)
-    assert error.name == "org.varlink.service.MethodNotImplemented"
-
-
-def test_typed_client_unimplemented_raises_method_not_implemented(served: Running) -> None:
-    name, parameters = _plain_unimplemented(served.daemon, stream=False)
-
-    async def scenario() -> BaseException:
-        async with await connect(
-            _contract(served.daemon), address=served.socket, timeout=10
-        ) as client:
-            with pytest.raises(VarlinkErrorReply) as raised:
-                await getattr(client, name)(**parameters)
-            return raised.value
-
-    _assert_not_implemented(asyncio.run(scenario()), name)
-    served.assert_healthy()
-
-
-@pytest.mark.parametrize(
-    "served", [d for d in DAEMONS if streaming(d)], indirect=True, ids=lambda daemon: daemon.program
-)
-def test_typed_client_unimplemented_stream_raises(served: Running) -> None:
-    name, parameters = _plain_unimplemented(served.daemon, stream=True)
-
-    async def scenario() -> BaseException:
-        async with await connect(
-            _contract(served.daemon), address=served.address, timeout=10
-        ) as client:
-            with pytest.raises(VarlinkErrorReply) as raised:
-                async for _ in getattr(client, name)(**parameters):
-                    pass
-            return raised.value
-
-    _assert_not_implemented(asyncio.run(scenario()), name)
 
 
 def test_typed_client_unknown_method_is_an_attribute_error(served: Running) -> None:

@@ -21,9 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pytest
 import varlink
 from asyncvarlink import varlinksignature
 
@@ -335,12 +334,6 @@ def unimplemented(daemon: Daemon) -> list[str]:
         for name, _ in contract.contract_methods()
         if getattr(service, name) is getattr(contract, name)
     ]
-
-
-def skip_implemented(daemon: Daemon, *, stream: bool = False) -> NoReturn:
-    """Skip a test that needs a method answering MethodNotImplemented."""
-    kind = "streaming method" if stream else "method"
-    pytest.skip(f"{daemon.interface} has no {kind} left that answers MethodNotImplemented")
 
 
 def streaming(daemon: Daemon) -> set[str]:

@@ -84,6 +84,28 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
     def Crash(self) -> None:
         """Raise an unexpected exception."""
 
+    @method(return_parameter="n")
+    def Later(self, *, upto: int) -> int:
+        """A method the service leaves unimplemented.
+
+        Parameters:
+            upto: Last.
+
+        Returns:
+            n: A number.
+        """
+
+    @method(return_parameter="n")
+    def LaterStream(self, *, upto: int) -> AsyncIterator[int]:
+        """A streaming method the service leaves unimplemented.
+
+        Parameters:
+            upto: Last.
+
+        Returns:
+            n: A number.
+        """
+
 
 class Probe(Probe1):
     @implements
@@ -422,6 +444,35 @@ def test_connected_socket_mode_stops_when_client_leaves() -> None:
         assert "parameters" in await client.call("io.syntrop.Probe1.Who")
         theirs.close()
         await asyncio.wait_for(server.stopped.wait(), 2)
+        await server.close()
+
+    run(main())
+
+
+def test_unimplemented_methods_answer_method_not_implemented_over_the_wire() -> None:
+    """What every daemon's server does with a contract method its service
+    leaves out (none does now; the rule holds for the next one): the
+    declared MethodNotImplemented, streamed or not; with "oneway", no reply
+    at all; without "more" for a streaming one, ExpectedMore; and the
+    connection goes on serving."""
+    async def main() -> None:
+        server, path, _ = await serve()
+        client = await connect(path)
+        reply = await client.call("io.syntrop.Probe1.Later", upto=1)
+        assert reply["error"] == "org.varlink.service.MethodNotImplemented"
+        assert reply["parameters"]["method"].endswith("Later")  # it names the method
+        await client.send({"method": "io.syntrop.Probe1.LaterStream",
+                           "parameters": {"upto": 2}, "more": True})
+        reply, _ = await client.receive()
+        assert reply["error"] == "org.varlink.service.MethodNotImplemented"
+        reply = await client.call("io.syntrop.Probe1.LaterStream", upto=2)
+        assert reply["error"] == "org.varlink.service.ExpectedMore"
+        await client.send({"method": "io.syntrop.Probe1.Later", "parameters": {"upto": 1},
+                           "oneway": True})
+        # No reply to the oneway call: the next reply is the next call's.
+        assert await client.call("io.syntrop.Probe1.Who") == {
+            "parameters": {"uid": os.getuid(), "pid": os.getpid()}}
+        client.sock.close()
         await server.close()
 
     run(main())
