@@ -364,30 +364,6 @@ def declared(instance: Instance) -> dict[str, typing.Any]:
     return typing.cast(dict[str, typing.Any], json.loads(result.stdout))
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["call", "call-more"])
-def test_varlinkctl_call_of_an_unimplemented_method(
-    instance: Instance, varlinkctl_bin: str, declared: dict[str, typing.Any], stream: bool
-) -> None:
-    """e.g. io.syntrop.Inference1.StreamInference {"model":"m","prompt":"p"}
-    with --more, until it is implemented."""
-    found = [
-        (daemon, method)
-        for daemon in DAEMONS
-        for method in declared[daemon.program]["unimplemented"]
-        if method["stream"] is stream
-    ]
-    if not found:
-        pytest.skip(f"every {'streaming' if stream else 'plain'} method is implemented")
-    daemon, chosen = found[0]
-    method, parameters = chosen["method"], chosen["parameters"]
-    more = ["--more"] if stream else []
-    result = varlinkctl(
-        varlinkctl_bin, "call", *more, address(instance, daemon), method, json.dumps(parameters)
-    )
-    assert result.returncode != 0
-    assert "org.varlink.service.MethodNotImplemented" in result.stderr, result.stderr
-
-
 def test_varlinkctl_call_of_an_unknown_method(instance: Instance, varlinkctl_bin: str) -> None:
     daemon = DAEMONS[0]
     result = varlinkctl(
