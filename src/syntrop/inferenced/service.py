@@ -66,6 +66,14 @@ def _check_name(value: str | None, parameter: str) -> None:
         raise InvalidParameter(parameter=parameter)
 
 
+def _log_failure(task: "asyncio.Task[None]") -> None:
+    """A background release that failed is said, not swallowed: its leases
+    stay held (and are released on the next restart's scan)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("releasing the leases of an exited process failed: %s", error,
+                     exc_info=error)
+
+
 class InferenceService(Inference1):
     """Discovers compute planes and leases them by priority."""
 
@@ -247,7 +255,7 @@ class InferenceService(Inference1):
         owned = [r.lease.id for r in self.records.values() if r.lease.pid == pid]
         if owned:
             task = asyncio.get_running_loop().create_task(self._release_dead(owned))
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+            task.add_done_callback(_log_failure)
 
     async def _release_dead(self, lease_ids: list[str]) -> None:
         async with self.lock:
