@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from asyncvarlink import FileDescriptor
@@ -72,6 +72,22 @@ def _log_failure(task: "asyncio.Task[None]") -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         logger.error("releasing the leases of an exited process failed: %s", error,
                      exc_info=error)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A lease decision made in memory whose write is queued: the commit to
+    await before replying, then what to apply (InferenceService._settle)."""
+
+    commit: "asyncio.Future[None]"
+    #: Leases whose cgroup is brought to their state once committed.
+    cgroups: list[str] = field(default_factory=list)
+    #: Released while frozen: their cgroups are thawed.
+    released_frozen: list[LeaseRecord] = field(default_factory=list)
+    #: Memfds of released leases, closed once committed.
+    buffers: list[int] = field(default_factory=list)
+    #: A pid to watch (the lease lives and dies with it).
+    watch: int | None = None
 
 
 class InferenceService(Inference1):
@@ -157,7 +173,7 @@ class InferenceService(Inference1):
         for lease_id in dead:
             if lease_id in self.arbiter.leases:
                 logger.info("lease %s: its process is gone, releasing", lease_id)
-                await self._release(lease_id)
+                await self._settle(self._release(lease_id))
         for record in self.records.values():
             self._apply_freeze(record, record.lease.state == "frozen")
             if record.lease.pid is not None:
@@ -262,7 +278,7 @@ class InferenceService(Inference1):
             for lease_id in lease_ids:
                 if lease_id in self.arbiter.leases:
                     logger.info("lease %s: its process exited, releasing", lease_id)
-                    await self._release(lease_id)
+                    await self._settle(self._release(lease_id))
 
     # the core of acquire and release -----------------------------------------
 
@@ -271,7 +287,7 @@ class InferenceService(Inference1):
         if priority in REFUSED.get(level, set()):
             raise PressureTooHigh(resource=resource, level=level, priority=priority)
 
-    async def _grant(
+    def _grant(
         self,
         requests: list[tuple[str, int]],
         *,
@@ -281,7 +297,9 @@ class InferenceService(Inference1):
         group: Group | None = None,
         slices: list[PlaneSlice] | None = None,
         exclusive: bool = False,
-    ) -> list[arb.Lease]:
+    ) -> tuple[list[arb.Lease], "_Pending"]:
+        """Decide a grant (the lock held) and queue its write: the leases,
+        and what `_settle` must await and apply before the reply."""
         peer = current_peer()
         if pid is None:
             pid = peer.pid or None
@@ -328,49 +346,75 @@ class InferenceService(Inference1):
                 )
             )
         changed = [replace(self.records[v.id], lease=v) for v in grant.preempted]
-        try:
-            await self.store.save(new + changed, group=group)
-        except BaseException:
-            # Not persisted: not granted. Undo in memory.
-            for lease in grant.leases:
-                self.arbiter.leases.pop(lease.id, None)
-            for victim in grant.preempted:
-                self.arbiter.leases[victim.id] = replace(victim, state="active")
-            raise
-        for record in new:
+        # Memory first, the write queued in decision order; the reply waits
+        # for it (`_settle`), and a write that fails reloads the truth.
+        commit = self.store.save_later(new + changed, group=group)
+        for record in new + changed:
             self.records[record.lease.id] = record
         if group is not None:
             self.groups[group.id] = group
-        for record in changed:
-            self.records[record.lease.id] = record
-            self._apply_freeze(record, True)
-        if pid is not None:
-            self._watch(pid)
-        return grant.leases
+        return grant.leases, _Pending(commit, cgroups=[r.lease.id for r in changed], watch=pid)
 
-    async def _release(self, lease_id: str) -> None:
+    def _release(self, lease_id: str) -> "_Pending":
+        """Release a lease (the lock held) and queue its write; `_settle`
+        applies the thaws once it is committed."""
         try:
             released, thawed = self.arbiter.release(lease_id)
         except arb.LeaseUnknown:
             raise LeaseNotFound(lease_id=lease_id) from None
         groups = {lease.group for lease in released if lease.group}
         thawed_records = [replace(self.records[t.id], lease=t) for t in thawed]
-        await self.store.save(
+        commit = self.store.save_later(
             thawed_records, remove=[lease.id for lease in released], drop_groups=sorted(groups)
         )
+        pending = _Pending(commit, cgroups=[r.lease.id for r in thawed_records])
         for lease in released:
             record = self.records.pop(lease.id)
             if lease.state == "frozen":
-                self._apply_freeze(record, False)
+                pending.released_frozen.append(record)
             buffer = self.buffers.pop(lease.id, None)
             if buffer is not None:
-                os.close(buffer)
+                pending.buffers.append(buffer)
         for group_id in groups:
             self.groups.pop(group_id, None)
         for record in thawed_records:
             self.records[record.lease.id] = record
+        return pending
+
+    async def _settle(self, pending: "_Pending") -> None:
+        """Wait until a decision is committed, then bring the cgroups it
+        touched to the state the arbiter holds *now* (a later decision may
+        have changed it meanwhile). A failed write reloads every lease from
+        the database, which holds the truth, and fails the call."""
+        try:
+            await pending.commit
+        except BaseException as error:
+            logger.error("a lease change was not written (%s): reloading from the database",
+                         error)
+            await self._reload()
+            raise
+        for lease_id in pending.cgroups:
+            record = self.records.get(lease_id)
+            if record is not None:
+                self._apply_freeze(record, record.lease.state == "frozen")
+        for record in pending.released_frozen:
             self._apply_freeze(record, False)
+        for buffer in pending.buffers:
+            os.close(buffer)
+        if pending.watch is not None:
+            self._watch(pending.watch)
         self._unwatch_unused()
+
+    async def _reload(self) -> None:
+        """Leases, groups and the arbiter as the database has them, and
+        every cgroup brought to that state."""
+        async with self.lock:
+            records, groups, _, _ = self.store.load()
+            self.records = {r.lease.id: r for r in records}
+            self.groups = {g.id: g for g in groups}
+            self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
+            for record in records:
+                self._apply_freeze(record, record.lease.state == "frozen")
 
     def _lease_or_gang(self, lease_id: str) -> LeaseRecord:
         record = self.records.get(lease_id) or next(
@@ -472,10 +516,12 @@ class InferenceService(Inference1):
             if plane is not None and plane not in self.arbiter.planes:
                 self._rescan()  # a device plugged in since the last scan
             target = plane if plane is not None else self._best_plane(priority, memory_bytes)
-            (lease,) = await self._grant(
+            (lease,), pending = self._grant(
                 [(target, memory_bytes)], priority=priority, unit=unit, pid=pid,
                 exclusive=bool(exclusive),
             )
+        # Outside the lock: grants decided meanwhile share this commit.
+        await self._settle(pending)
         return {"lease_id": lease.id, "plane_id": lease.plane, "allocated_memory": lease.memory}
 
     def _best_plane(self, priority: str, memory: int) -> str:
@@ -526,10 +572,11 @@ class InferenceService(Inference1):
             placed = self._place(slices, priority)
             group = Group(id=f"gang-{os.urandom(6).hex()}", gang_id=gang_id,
                           gang_policy=gang_policy)
-            leases = await self._grant(
+            leases, pending = self._grant(
                 [(s.plane_id, s.memory_bytes) for s in placed], priority=priority,
                 unit=client_unit, pid=None, group=group, slices=placed,
             )
+        await self._settle(pending)
         return {
             "lease_id": group.id,
             "allocated_slices": [
@@ -565,7 +612,8 @@ class InferenceService(Inference1):
     async def ReleaseLease(self, *, lease_id: str) -> None:
         await self._owned(lease_id)
         async with self.lock:
-            await self._release(self._lease_or_gang(lease_id).lease.id)
+            pending = self._release(self._lease_or_gang(lease_id).lease.id)
+        await self._settle(pending)
 
     @implements
     async def Yield(self, *, lease_id: str) -> None:
@@ -670,17 +718,20 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="prompt")
         async with self.lock:
             plane = self._best_plane("Interactive", registered.estimated_bytes)
-            (lease,) = await self._grant(
+            (lease,), pending = self._grant(
                 [(plane, registered.estimated_bytes)], priority="Interactive", unit=None,
                 pid=None,
             )
+        await self._settle(pending)
         try:
             async for text in self._complete(model, prompt):
                 yield text
         finally:
             async with self.lock:
-                if lease.id in self.arbiter.leases:
-                    await self._release(lease.id)
+                released = self._release(lease.id) if lease.id in self.arbiter.leases \
+                    else None
+            if released is not None:
+                await self._settle(released)
 
     async def _complete(self, model: str, prompt: str) -> AsyncIterator[str]:
         from asyncvarlink import VarlinkErrorReply

@@ -4,6 +4,7 @@ Written before each reply (SQLite, WAL) so kill -9 and a restart lose
 nothing a client was told.
 """
 
+import asyncio
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,6 +125,18 @@ class Store:
         drop_groups: Sequence[str] = (),
     ) -> None:
         """Insert or update leases and remove others, in one transaction."""
+        await self.save_later(records, remove=remove, group=group, drop_groups=drop_groups)
+
+    def save_later(
+        self,
+        records: list[LeaseRecord],
+        *,
+        remove: Sequence[str] = (),
+        group: Group | None = None,
+        drop_groups: Sequence[str] = (),
+    ) -> "asyncio.Future[None]":
+        """`save`, queued now (in call order) for the next group commit: a
+        future that resolves once it is committed."""
 
         def write(c: sqlite3.Connection) -> None:
             if group is not None:
@@ -136,7 +149,7 @@ class Store:
             c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
             c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])
 
-        await self.db.batched(write)
+        return self.db.submit(write)
 
     async def set_states(self, states: dict[str, str]) -> None:
         def write(c: sqlite3.Connection) -> None:

@@ -82,11 +82,17 @@ class Database:
 
     async def batched(self, function: Callable[[sqlite3.Connection], T]) -> T:
         """Run `function` in the next group commit (see the module)."""
+        return await self.submit(function)
+
+    def submit(self, function: Callable[[sqlite3.Connection], T]) -> "asyncio.Future[T]":
+        """Queue `function` for the next group commit now (work is committed
+        in the order it is submitted); a future of its result, set once it
+        is committed."""
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._queue.append((function, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
-        return await future  # type: ignore[return-value]
+        return future  # type: ignore[return-value]
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
