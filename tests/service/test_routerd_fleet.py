@@ -141,6 +141,20 @@ class Relay:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
+    def close(self) -> None:
+        """Stop serving, drop every link, and end the loop's thread."""
+        async def stop() -> None:
+            self.server.close()
+            for writer in list(self.links):
+                writer.transport.abort()
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        while self.loop.is_running():
+            time.sleep(0.01)
+        self.loop.close()
+
     def set_cut(self, cut: bool) -> None:
         def apply() -> None:
             if cut:
@@ -267,7 +281,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node], dict[str, 
         # cut; a talks to all three members.
         relays = {name: Relay(cluster.client["e1"]) for name in ("b", "c")}
         for relay in relays.values():
-            stack.callback(relay.loop.call_soon_threadsafe, relay.loop.stop)
+            stack.callback(relay.close)
         nodes = {}
         for name in ("a", "b", "c"):
             root = tmp_path / name
