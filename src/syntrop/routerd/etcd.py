@@ -9,8 +9,9 @@ nothing. Every failure is EtcdError.
 """
 
 import base64
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,20 +112,13 @@ class Etcd:
     async def keepalive(self, lease: int) -> int:
         """Renew `lease`; its TTL now, 0 when it has expired."""
         exchange = await self._open("/v3/lease/keepalive", {"ID": str(lease)})
-        buffer = b""
         try:
-            async for part in exchange.body():
-                buffer += part
-                if len(buffer) > MAX_MESSAGE:
-                    raise EtcdError("keepalive answer too long")
-                line, newline, _ = buffer.partition(b"\n")
-                if newline:  # the gateway ends each message of a stream so
+            async with contextlib.aclosing(_lines(exchange)) as lines:
+                async for line in lines:
                     try:
                         return int(json.loads(line)["result"].get("TTL", 0))
                     except (ValueError, KeyError, TypeError, AttributeError):
                         raise EtcdError(f"keepalive answered {line[:200]!r}") from None
-        except ProviderError as failure:
-            raise EtcdError(failure.message) from None
         finally:
             exchange.writer.close()  # a stream: not reusable
         raise EtcdError("keepalive ended without an answer")
@@ -156,21 +150,30 @@ class Etcd:
         # connection is noticed by the lease renewals beside it, which then
         # end the session and this watch with it.
         exchange.timeout = None
-        buffer = b""
         try:
-            async for part in exchange.body():
-                buffer += part
-                if len(buffer) > MAX_MESSAGE:
-                    raise EtcdError("watch message too long")
-                while b"\n" in buffer:  # the gateway ends each message so
-                    line, _, buffer = buffer.partition(b"\n")
+            async with contextlib.aclosing(_lines(exchange)) as lines:
+                async for line in lines:
                     for event in _events(line):
                         yield event
-        except ProviderError as failure:
-            raise EtcdError(failure.message) from None
         finally:
             exchange.writer.close()
         raise EtcdError("the watch ended")
+
+
+async def _lines(exchange: Any) -> AsyncGenerator[bytes, None]:
+    """The messages of a streamed gateway answer: it ends each with a
+    newline. Its transport's failures are EtcdError."""
+    buffer = b""
+    try:
+        async for part in exchange.body():
+            buffer += part
+            if len(buffer) > MAX_MESSAGE:
+                raise EtcdError("a streamed message is too long")
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                yield line
+    except ProviderError as failure:
+        raise EtcdError(failure.message) from None
 
 
 def _events(line: bytes) -> list[Event]:
