@@ -139,8 +139,8 @@ def test_an_emergency_freezes_a_batch_stream_in_its_worker_and_it_completes_afte
         assert len(stream.chunks) == before, "tokens came from a frozen worker"
         assert stream.is_alive() and stream.finish is None
     finally:
+        releasing = time.monotonic()  # the worker thaws before the reply comes
         node.call(INFERENCE, "ReleaseLease", lease_id=emergency["lease_id"])
-    released = time.monotonic()
     assert freeze_state(node, worker["cgroup"]) == ("0", False)
     stream.join(300)
     assert stream.error is None, stream.error
@@ -150,7 +150,7 @@ def test_an_emergency_freezes_a_batch_stream_in_its_worker_and_it_completes_afte
     resumed = next(t for t, _, _ in stream.chunks[before:])
     print(f"\nacquire -> frozen (grant returned): {(granted - asked) * 1000:.1f} ms; "
           f"chunks in flight after the grant: {before - settled}; "
-          f"release -> first token after: {(resumed - released) * 1000:.1f} ms; "
+          f"release asked -> the next token: {(resumed - releasing) * 1000:.1f} ms; "
           f"{stream.tokens} tokens in all")
 
 
@@ -200,3 +200,51 @@ def test_triage_time_under_two_batch_streams_with_and_without_preemption(
           f"{[round(x * 1000) for x in preempted]})")
     # The claim: with the batch streams frozen, triage has the cores.
     assert statistics.median(preempted) < statistics.median(plain)
+
+
+def test_sentrys_own_triage_freezes_the_batch_stream_while_it_runs(node: Instance) -> None:
+    """The same, with sentry taking the lease itself: Sentry1.Triage of a
+    failed unit while a Batch stream runs. During the triage the stream's
+    worker is frozen (sentry's exclusive EmergencyTriage lease on the CPU
+    plane); after it the worker thaws and the stream completes whole."""
+    unit = "preempted-by-triage.service"
+    node.write(f"/etc/systemd/system/{unit}",
+               "[Unit]\nDescription=fails for triage\n[Service]\nType=exec\n"
+               "ExecStart=/bin/sh -c 'exit 3'\n")
+    node.systemctl("daemon-reload")
+    node.systemctl("start", unit, check=False)
+    node.systemctl("start", "systemd-sentry.service")
+    try:
+        stream = Stream(node)
+        stream.start()
+        wait_until("the batch stream to run", lambda: len(stream.chunks) >= 10 or stream.error,
+                   120)
+        assert stream.error is None, stream.error
+        cgroup = main_worker(node)["cgroup"]
+        seen: list[tuple[float, bool]] = []
+        triage: dict[str, Any] = {}
+
+        def run_triage() -> None:
+            triage.update(node.call("io.syntrop.Sentry1", "Triage", timeout=120, unit=unit))
+
+        caller = threading.Thread(target=run_triage)
+        caller.start()
+        while caller.is_alive():
+            seen.append((time.monotonic(), freeze_state(node, cgroup)[1]))
+            time.sleep(0.02)
+        caller.join()
+        incident = triage["incident"]
+        lease = next(p for p in incident["phases"] if p["name"] == "lease")
+        assert lease["outcome"] == "ok", incident["phases"]
+        assert any(frozen for _, frozen in seen), "the worker was never frozen during triage"
+        assert freeze_state(node, cgroup) == ("0", False)  # thawed after
+        stream.join(300)
+        assert stream.error is None and stream.finish == "stop"
+        assert re.fullmatch(PATTERN, stream.text)
+        frozen_for = sum(0.02 for _, frozen in seen if frozen)
+        print(f"\nsentry's triage of {unit}: worker frozen for about {frozen_for:.2f} s of "
+              f"{seen[-1][0] - seen[0][0]:.2f} s; decided by {incident.get('decided_by')}")
+    finally:
+        node.systemctl("stop", "systemd-sentry.service", check=False)
+        node.run(["rm", "-f", f"/etc/systemd/system/{unit}"], check=False)
+        node.systemctl("daemon-reload", check=False)
