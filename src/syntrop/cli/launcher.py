@@ -79,16 +79,24 @@ def is_launcher_directory(directory: Path) -> bool:
     return (directory / "status.json").exists() or (directory / "launcher.pid").exists()
 
 
-def launcher_up(directory: Path) -> bool:
-    """Whether a launcher runs in `directory` (its pid file names a live
-    process)."""
+def pid_alive(pid: int) -> bool:
     try:
-        os.kill(int((directory / "launcher.pid").read_text()), 0)
+        os.kill(pid, 0)
     except PermissionError:
         return True
-    except (OSError, ValueError):
+    except ProcessLookupError:
         return False
     return True
+
+
+def launcher_pid(directory: Path) -> int | None:
+    """The pid of the launcher running in `directory`, or None (no pid
+    file, or the process it names is gone)."""
+    try:
+        pid = int((directory / "launcher.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
 
 
 def locate(explicit: Path | None = None) -> Path | None:
@@ -104,7 +112,7 @@ def locate(explicit: Path | None = None) -> Path | None:
         above = Path(runtime.split(":")[0]).resolve().parent
         return above if is_launcher_directory(above) else None
     default = default_directory().resolve()
-    return default if launcher_up(default) else None
+    return default if launcher_pid(default) is not None else None
 
 
 def use_dev_suite() -> None:

