@@ -290,6 +290,12 @@ class LoadedModel:
             null while it is in use.
         batch_free: With layout batch: sequences free in the model's shared
             decode batch; null when it has none.
+        prefixes: Digests of the chat prefixes whose KV its idle contexts
+            hold (syntrop.prefix: SHA-256 chained over the turns, 16 hex
+            digits), as of its last Chat; routers send a conversation
+            where its start is resident. Null before any.
+        cached_contexts: Idle contexts holding such a prefix; with
+            total_slots, the room left for new prefixes.
     """
 
     name: str
@@ -298,6 +304,8 @@ class LoadedModel:
     sessions: int
     keep_alive_s: float | None
     batch_free: int | None = None
+    prefixes: list[str] | None = None
+    cached_contexts: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -191,14 +191,19 @@ class Engine:
         #: (the next step would have): a session's next Decode starts with
         #: it, so its context holds all the text it was given.
         self.pending: int | None = None
+        #: The chat prefixes whose KV this context holds, as
+        #: syntrop.prefix.reported digests (the pool keeps them).
+        self.prefixes: tuple[str, ...] = ()
         self.lock = threading.Lock()
         #: The most threads this context may use, and what it uses now.
         self.max_threads = threads
         self._threads = threads
 
     @classmethod
-    def load(cls, fd: int, options: Options) -> "Engine":
-        """Load the model behind `fd` (kept open by the caller)."""
+    def load(cls, fd: int, options: Options, *, vocab_only: bool = False) -> "Engine":
+        """Load the model behind `fd` (kept open by the caller); with
+        `vocab_only`, its vocabulary and metadata only: a context that
+        tokenizes and renders chats, and cannot decode."""
         from llama_cpp import Llama
 
         from syntrop.runtimed.cpu import ready
@@ -220,6 +225,7 @@ class Engine:
                 # Mean pooling (1): one vector per text even for causal
                 # models; otherwise the model's own (-1, unspecified).
                 pooling_type=1 if options.embedding else -1,
+                vocab_only=vocab_only,
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as error:

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.interfaces.runtime import (
@@ -34,9 +34,11 @@ from syntrop.interfaces.runtime import (
     ShiftUnsupported,
     VocabularyMismatch,
 )
+from syntrop.prefix import reported
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.engine import Engine, EngineError, LoadError, Options, Output, Overflow
 from syntrop.runtimed.layout import Pace
+from syntrop.runtimed.pool import Pool
 from syntrop.runtimed.sampling import Params
 from syntrop.runtimed.spill import read_saved, write_saved
 from syntrop.varlink import InvalidParameter
@@ -76,76 +78,6 @@ def params_from(value: dict[str, Any]) -> Params:
 
 def wire_params(params: Params) -> dict[str, Any]:
     return {**asdict(params), "stop": list(params.stop)}
-
-
-@dataclass(slots=True, kw_only=True)
-class Pool:
-    """A model's verified descriptor and its idle contexts, by options."""
-
-    name: str
-    fd: int
-    idle: dict[Options, list[Engine]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Layout batch: the model's shared decode batch (batch.Batcher) and the
-    #: small context that tokenizes for it.
-    batcher: Any = None
-    batch_engine: Engine | None = None
-    #: SHA-256 over the vocabulary (speculative.vocabulary_digest), once.
-    vocabulary: str | None = None
-
-    @classmethod
-    def open(cls, name: str, fd: int) -> "Pool":
-        """Take ownership of `fd` once llama.cpp has loaded it (a non-GGUF or
-        truncated file is InvalidModel); closes `fd` on failure."""
-        try:
-            probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
-        except LoadError as error:
-            os.close(fd)
-            raise InvalidModel(model=name, reason=error.reason) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        probe.close()
-        return cls(name=name, fd=fd)
-
-    def take_idle(self, options: Options) -> Engine | None:
-        """An idle context with these options, if there is one (no blocking)."""
-        with self.lock:
-            pool = self.idle.get(options)
-            return pool.pop() if pool else None
-
-    def take(self, options: Options) -> Engine:
-        """An idle context with these options, or a newly loaded one."""
-        engine = self.take_idle(options)
-        if engine is not None:
-            return engine
-        try:
-            return Engine.load(self.fd, options)
-        except LoadError as error:
-            raise InvalidModel(model=self.name, reason=error.reason) from None
-
-    def give(self, options: Options, engine: Engine) -> None:
-        with self.lock:
-            self.idle.setdefault(options, []).append(engine)
-
-    def trim(self) -> int:
-        """Close the idle contexts kept for later requests; how many."""
-        with self.lock:
-            pools, self.idle = self.idle, {}
-        engines = [engine for pool in pools.values() for engine in pool]
-        for engine in engines:
-            engine.close()
-        return len(engines)
-
-    def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()
-            self.batcher = None
-        if self.batch_engine is not None:
-            self.batch_engine.close()
-            self.batch_engine = None
-        self.trim()
-        os.close(self.fd)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -271,6 +203,7 @@ class Host:
         compiled = _constraint(args.get("constraint"))
         speculative = args.get("speculative")
         pool = self._pool()
+        turns: list[tuple[str, str]] | None = None
         if "messages" in args:
             turns = [(str(role), str(content)) for role, content in args["messages"]]
 
@@ -290,15 +223,15 @@ class Host:
             counts = Counts(_reasoning(engine, params))
             reason = self._batched(batcher, engine, prompt, params, compiled, counts, sink)
             return {"reason": reason, **counts.extra()}
-        engine = pool.take(options)
+        tokens, stops = prompt(pool.tokenizer())
+        if not tokens:
+            raise InvalidParameter(parameter="prompt")
+        engine = pool.take(options, tokens, room=self.slots)
         try:
             counts = Counts(_reasoning(engine, params))
             with contextlib.ExitStack() as held:
                 drafter = None if speculative is None else \
                     self._drafter(speculative, engine, options, held)
-                tokens, stops = prompt(engine)
-                if not tokens:
-                    raise InvalidParameter(parameter="prompt")
                 counts.prompt = len(tokens)
                 if speculative is not None:
                     reason, counts.drafted, counts.accepted = engine.speculate(
@@ -310,11 +243,13 @@ class Host:
                         tokens, params, sink.stop, sink.emit, extra_stops=stops, pace=self.pace,
                         first=sink.first, logits_processor=_processor(engine, compiled),
                         reasoning=counts.reasoning, think=sink.think)
+            if turns is not None and reason != "cancelled":
+                engine.prefixes = reported(turns)
         except Overflow as error:
             raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
         finally:
             pool.give(options, engine)
-        return {"reason": reason, **counts.extra()}
+        return {"reason": reason, **counts.extra(), **pool.cache()}
 
     def _batched(self, batcher: "Batcher", engine: Engine, prompt: Prompt, params: Params,
                  compiled: "constrain.Constraint | None", counts: Counts, sink: Sink) -> str:

@@ -104,6 +104,10 @@ class Resident:
     batch_running: int | None = None
     #: The triage lane's worker (sentry's EmergencyTriage requests).
     triage: bool = False
+    #: What the worker's idle contexts held after its last stream
+    #: (pool.Pool.cache): chat prefix digests, and how many contexts.
+    prefixes: list[str] | None = None
+    cached_contexts: int | None = None
     #: The inferenced lease of its memory (None: unleased).
     lease: leases.Held | None = None
     #: Bytes the model needs resident (what the lease asked for).

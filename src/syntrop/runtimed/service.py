@@ -28,6 +28,7 @@ next call on it takes a slot again and hands the state back.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -175,6 +176,14 @@ async def _triage(priority: str | None) -> bool:
         raise InvalidParameter(parameter="priority")
     await authz.authorize(authz.TRIAGE, NotAuthorized)
     return True
+
+
+def _cached(resident: Resident, result: dict[str, Any]) -> None:
+    """A stream's result: what the worker's idle contexts hold now (a
+    cancelled or failed stream's result may say nothing of it)."""
+    if isinstance(result.get("prefixes"), list):
+        resident.prefixes = [str(d) for d in result["prefixes"]]
+        resident.cached_contexts = int(result.get("cached_contexts") or 0)
 
 
 class RuntimeService(Runtime1):
@@ -443,7 +452,8 @@ class RuntimeService(Runtime1):
         except BaseException:
             held.close()
             raise
-        async for reply in self._stream(resident, call, held.close, received):
+        async for reply in self._stream(resident, call, held.close, received,
+                                        on_result=functools.partial(_cached, resident)):
             yield reply
 
     @staticmethod
@@ -778,7 +788,8 @@ class RuntimeService(Runtime1):
             models.append(LoadedModel(name=name, resident_bytes=m.size,
                                       busy=max(0, m.busy - sessions), sessions=sessions,
                                       keep_alive_s=self.residency.keep_alive_left(m, now),
-                                      batch_free=batch_free))
+                                      batch_free=batch_free, prefixes=m.prefixes,
+                                      cached_contexts=m.cached_contexts))
         return {
             "free_slots": self.slots.free,
             "total_slots": self.slots.total,

@@ -1,0 +1,150 @@
+"""A model's idle contexts inside its worker, kept for the prompts that
+come back.
+
+A stateless request (Chat, Complete) takes a context and gives it back when
+it ends; the context keeps the KV of what it evaluated, and the next
+generation on it re-evaluates only what differs from that (`Engine.generate`
+reuses the common prefix). So which idle context a request takes decides
+what it costs: a 1.5k-token system prompt is seconds of prefill on a small
+CPU, and nothing when resident. `Pool.take` picks, for a prompt's tokens:
+
+- the idle context sharing the longest prefix with them, when that is at
+  least REUSE_MIN tokens;
+- else a new context while fewer than `room` (runtimed's slots) exist, so
+  the idle ones keep their prefixes for the requests that want them;
+- else the least recently used one (its prefix is evicted).
+
+The pool knows which chats each idle context holds (`Engine.prefixes`,
+digests of syntrop.prefix) and reports them (`cache`), so that routers can
+send a conversation where its start is resident. Tokens decide reuse;
+digests are only what the pool says about it.
+"""
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from syntrop.interfaces.runtime import InvalidModel
+from syntrop.runtimed.engine import Engine, LoadError, Options
+from syntrop.runtimed.sessions import common_prefix
+
+#: Tokens an idle context must share with a prompt to be taken for it
+#: rather than a fresh one (below this, the reuse is a chat template's
+#: opening and not worth a prefix evicted).
+REUSE_MIN = 32
+#: The options of the pool's tokenizer (vocab_only: no weights, no KV).
+TOKENIZER = Options(n_ctx=64, n_batch=64, n_threads=1)
+
+
+@dataclass(slots=True, kw_only=True)
+class Pool:
+    """A model's verified descriptor and its idle contexts, by options."""
+
+    name: str
+    fd: int
+    #: Idle contexts per options, least recently given back first.
+    idle: dict[Options, list[Engine]] = field(default_factory=dict)
+    #: Contexts made per options, idle or in use.
+    made: dict[Options, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Layout batch: the model's shared decode batch (batch.Batcher) and the
+    #: small context that tokenizes for it.
+    batcher: Any = None
+    batch_engine: Engine | None = None
+    #: SHA-256 over the vocabulary (speculative.vocabulary_digest), once.
+    vocabulary: str | None = None
+    _tokenizer: Engine | None = None
+
+    @classmethod
+    def open(cls, name: str, fd: int) -> "Pool":
+        """Take ownership of `fd` once llama.cpp has loaded it (a non-GGUF or
+        truncated file is InvalidModel); closes `fd` on failure."""
+        try:
+            probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
+        except LoadError as error:
+            os.close(fd)
+            raise InvalidModel(model=name, reason=error.reason) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        probe.close()
+        return cls(name=name, fd=fd)
+
+    def tokenizer(self) -> Engine:
+        """The model's vocabulary, loaded once: it tokenizes prompts (and
+        renders chats) before they have a context."""
+        with self.lock:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = Engine.load(self.fd, TOKENIZER, vocab_only=True)
+                except LoadError as error:
+                    raise InvalidModel(model=self.name, reason=error.reason) from None
+            return self._tokenizer
+
+    def take_idle(self, options: Options) -> Engine | None:
+        """The idle context given back last, if there is one (no blocking)."""
+        with self.lock:
+            pool = self.idle.get(options)
+            return pool.pop() if pool else None
+
+    def take(self, options: Options, tokens: list[int] | None = None, room: int = 1) -> Engine:
+        """A context for a prompt of `tokens` (see the module's docstring);
+        without them, the idle context given back last, or a new one."""
+        with self.lock:
+            idle = self.idle.get(options) or []
+            engine = None
+            if idle and tokens is None:
+                engine = idle.pop()
+            elif idle:
+                wanted = tokens or []
+                shared = [common_prefix(e.resident(), wanted) for e in idle]
+                best = max(range(len(idle)), key=shared.__getitem__)  # ties: the oldest
+                if shared[best] >= REUSE_MIN or self.made.get(options, 0) >= room:
+                    engine = idle.pop(best)
+            if engine is not None:
+                engine.prefixes = ()  # what it holds changes now
+                return engine
+            self.made[options] = self.made.get(options, 0) + 1
+        try:
+            return Engine.load(self.fd, options)
+        except BaseException as error:
+            with self.lock:
+                self.made[options] -= 1
+            if isinstance(error, LoadError):
+                raise InvalidModel(model=self.name, reason=error.reason) from None
+            raise
+
+    def give(self, options: Options, engine: Engine) -> None:
+        with self.lock:
+            self.idle.setdefault(options, []).append(engine)
+
+    def cache(self) -> dict[str, Any]:
+        """What the idle contexts hold, for routers: the chat prefixes'
+        digests (syntrop.prefix) and how many contexts hold one."""
+        with self.lock:
+            held = [e.prefixes for pool in self.idle.values() for e in pool if e.prefixes]
+        return {"prefixes": sorted({d for digests in held for d in digests}),
+                "cached_contexts": len(held)}
+
+    def trim(self) -> int:
+        """Close the idle contexts kept for later requests; how many."""
+        with self.lock:
+            pools, self.idle = self.idle, {}
+            for options, pool in pools.items():
+                self.made[options] = self.made.get(options, 0) - len(pool)
+        engines = [engine for pool in pools.values() for engine in pool]
+        for engine in engines:
+            engine.close()
+        return len(engines)
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
+        for engine in (self.batch_engine, self._tokenizer):
+            if engine is not None:
+                engine.close()
+        self.batch_engine = self._tokenizer = None
+        self.trim()
+        os.close(self.fd)

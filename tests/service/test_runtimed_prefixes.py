@@ -1,0 +1,64 @@
+"""runtimed keeps the KV of the chats it served in its idle contexts and
+gives a chat the context that holds its start (runtimed/pool.py), and says
+which chat prefixes are resident (Runtime1.GetLoad), as the digests routerd
+computes: real runtimed and modeld, socket-activated, SmolLM2."""
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import varlink
+
+from syntrop.prefix import reported
+from tests.models import model_node, require_llama
+from tests.support import Activated
+
+require_llama()
+
+RUNTIME = "io.syntrop.Runtime1"
+
+
+def system(topic: str) -> str:
+    """A system prompt of about 500 tokens."""
+    return " ".join(f"Rule {i}: answer about {topic}, briefly and politely." for i in range(50))
+
+
+def chat(runtimed: Activated, turns: list[tuple[str, str]]) -> float:
+    """Seconds to the end of a one-token answer."""
+    started = time.monotonic()
+    with varlink.Client(address=runtimed.address) as client, client.open(RUNTIME) as proxy:
+        list(proxy.Chat(model="smollm2", messages=[{"role": r, "content": c} for r, c in turns],
+                        sampling={"max_tokens": 1, "temperature": 0}, _more=True))
+    return time.monotonic() - started
+
+
+def cache(runtimed: Activated) -> dict[str, Any]:
+    with varlink.Client(address=runtimed.address) as client, client.open(RUNTIME) as proxy:
+        (model,) = proxy.GetLoad()["models"]
+    return dict(model)
+
+
+@pytest.fixture
+def runtimed(tmp_path: Path) -> Iterator[Activated]:
+    with ExitStack() as stack:
+        yield stack.enter_context(model_node(tmp_path, stack))
+
+
+def test_chats_find_their_prefix_resident_and_runtimed_says_which(
+        runtimed: Activated) -> None:
+    a = [("system", system("rivers")), ("user", "Which is longest?")]
+    b = [("system", system("mountains")), ("user", "Which is highest?")]
+    chat(runtimed, a)  # loads the model too
+    assert cache(runtimed)["prefixes"] == sorted(reported(a))
+    cold = chat(runtimed, b)  # a new prefix: a context of its own, a's kept
+    model = cache(runtimed)
+    assert model["prefixes"] == sorted(reported(a) + reported(b))
+    assert model["cached_contexts"] == 2
+    again = [a[0], ("user", "Which is widest?")]
+    warm = chat(runtimed, again)
+    assert cache(runtimed)["prefixes"] == sorted(reported(again) + reported(b))
+    # ~500 tokens of prefill against one: an order of magnitude at least.
+    assert warm * 5 < cold, (warm, cold)
