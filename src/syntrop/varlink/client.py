@@ -71,6 +71,27 @@ class Client:
             yield reply
 
     def close(self) -> None:
+        # Closing while a stream still has replies to come (its consumer
+        # left) trips two things in asyncvarlink 0.3.3 (pinned), each logged
+        # as an error: the future of the next reply fails with nobody to
+        # see it, and replies received until the close takes effect (on the
+        # next loop turn) are handed on after the connection has forgotten
+        # its calls (IndexError). So: stop reading now, mark that future
+        # seen (whoever awaits it still gets the error), and drop what was
+        # received and not yet handed on.
+        if not self._transport.is_closing():
+            self._transport.pause_reading()
+        for pending in getattr(self._protocol, "_pending", ()):
+            for reply in getattr(pending, "replies", (pending,)):
+                future = getattr(reply, "future", None)
+                if isinstance(future, asyncio.Future) and not future.done():
+                    future.add_done_callback(_seen)
+        queue = getattr(self._protocol, "_consumer_queue", None)
+        if queue is not None:
+            for _, notify in queue:
+                if notify is not None and not notify.done():
+                    notify.set_result(None)  # releases the fds it holds
+            queue.clear()
         self._transport.close()
 
     async def __aenter__(self) -> Self:
@@ -79,6 +100,11 @@ class Client:
     async def __aexit__(self, *_: object) -> None:
         self.close()
         await asyncio.sleep(0)
+
+
+def _seen(future: "asyncio.Future[Any]") -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def address_of(interface: type[VarlinkInterface]) -> str:

@@ -476,3 +476,28 @@ def test_unimplemented_methods_answer_method_not_implemented_over_the_wire() -> 
         await server.close()
 
     run(main())
+
+
+def test_a_stream_left_midway_leaves_no_unretrieved_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The typed client (varlink/client.py), closed while a stream still has
+    replies to come, raises nothing and leaves asyncio nothing to complain
+    about (routerd does this whenever an HTTP client leaves)."""
+    import gc
+
+    from syntrop.varlink.client import connect as typed
+
+    async def main() -> None:
+        server, path, _ = await serve()
+        async with await typed(Probe1, address=path) as client:
+            async for n in client.Count(upto=1000):
+                assert n == {"n": 0}
+                break
+        await asyncio.sleep(0.05)
+        gc.collect()
+        await server.close()
+
+    with caplog.at_level("ERROR"):
+        run(main())
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records] == []
