@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.logprobs import Entry, Scorer
 from syntrop.runtimed.sampling import MAX_SEED, Params, StopScanner
+from syntrop.runtimed.sessions import common_prefix
 
 if TYPE_CHECKING:
     from syntrop.runtimed.constrain import Constraint
@@ -409,6 +410,8 @@ class Engine:
         output = Output(llama, emit, params.stop + extra_stops, reasoning, think,
                         params.logprobs)
         row = self._last_logits if output.scoring else None
+        if not self._prefill_paced(tokens, pace, stop):
+            return "cancelled"
         tokens_out = self._sample(tokens, params, logits_processor)
         reason = "length"
         produced = 0
@@ -444,6 +447,27 @@ class Engine:
         # Handed out but not evaluated: the end of length, or of a stop string.
         self.pending = token if reason == "length" or output.stopped else None
         return reason
+
+    def _prefill_paced(self, tokens: Sequence[int], pace: Pace, stop: threading.Event) -> bool:
+        """Evaluate what is not resident of `tokens` but the last, one batch
+        at a time, choosing the thread count before each: a long prompt
+        gets the threads a stream ending meanwhile gives back (the layout
+        decides per batch, not once for the whole prompt), and a cancel
+        stops it within a batch. llama-cpp-python's generator then
+        evaluates only the last token. False when cancelled."""
+        llama = self._llama
+        keep = common_prefix(self.resident(), tokens[:-1])
+        rest = list(tokens[keep:-1])
+        if len(rest) <= llama.n_batch:
+            return True  # one batch: the generator's own eval is the same
+        llama.n_tokens = keep  # eval drops the KV cells after it
+        for start in range(0, len(rest), llama.n_batch):
+            if stop.is_set():
+                return False
+            with pace.turn():
+                self.use_threads(pace.threads(self.max_threads))
+                llama.eval(rest[start:start + llama.n_batch])
+        return True
 
     def _last_logits(self) -> Any:
         """The raw logits row the token just yielded was sampled from: the

@@ -38,7 +38,7 @@ from syntrop.prefix import reported
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.engine import Engine, EngineError, LoadError, Options, Output, Overflow
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.pool import Pool
+from syntrop.runtimed.pool import KEEP_MIN, Pool
 from syntrop.runtimed.sampling import Params
 from syntrop.runtimed.spill import read_saved, write_saved
 from syntrop.varlink import InvalidParameter
@@ -226,7 +226,8 @@ class Host:
         tokens, stops = prompt(pool.tokenizer())
         if not tokens:
             raise InvalidParameter(parameter="prompt")
-        engine = pool.take(options, tokens, room=self.slots)
+        engine = pool.take(options, tokens, room=self.slots, stop=sink.stop,
+                           budget=params.max_tokens)
         try:
             counts = Counts(_reasoning(engine, params))
             with contextlib.ExitStack() as held:
@@ -243,7 +244,7 @@ class Host:
                         tokens, params, sink.stop, sink.emit, extra_stops=stops, pace=self.pace,
                         first=sink.first, logits_processor=_processor(engine, compiled),
                         reasoning=counts.reasoning, think=sink.think)
-            if turns is not None and reason != "cancelled":
+            if turns is not None and reason != "cancelled" and len(tokens) >= KEEP_MIN:
                 engine.prefixes = reported(turns)
         except Overflow as error:
             raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None

@@ -12,7 +12,9 @@ CPU, and nothing when resident. `Pool.take` picks, for a prompt's tokens:
   least REUSE_MIN tokens;
 - else a new context while fewer than `room` (runtimed's slots) exist, so
   the idle ones keep their prefixes for the requests that want them;
-- else the least recently used one (its prefix is evicted).
+- else the least recently used one holding no chat prefix worth keeping
+  (under KEEP_MIN tokens), else the least recently used one (its prefix is
+  evicted).
 
 The pool knows which chats each idle context holds (`Engine.prefixes`,
 digests of syntrop.prefix) and reports them (`cache`), so that routers can
@@ -22,6 +24,7 @@ digests are only what the pool says about it.
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +36,14 @@ from syntrop.runtimed.sessions import common_prefix
 #: rather than a fresh one (below this, the reuse is a chat template's
 #: opening and not worth a prefix evicted).
 REUSE_MIN = 32
+#: Tokens of a chat below which its prefix is not worth keeping (nor
+#: reporting): about routerd's AFFINITY_STEP of 512 characters.
+KEEP_MIN = 128
+#: Most seconds a prompt waits for a stream's context that holds its prefix.
+ENDING_WAIT = 2.0
+#: What one decoded token costs in prompt tokens prefilled (a conservative
+#: ratio: prefill batches, decode does not).
+DECODE_COST = 8
 #: The options of the pool's tokenizer (vocab_only: no weights, no KV).
 TOKENIZER = Options(n_ctx=64, n_batch=64, n_threads=1)
 
@@ -47,7 +58,11 @@ class Pool:
     idle: dict[Options, list[Engine]] = field(default_factory=dict)
     #: Contexts made per options, idle or in use.
     made: dict[Options, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Contexts taken by `take`: id -> (options, the tokens they were
+    #: taken for, the taker's cancel event, its token budget).
+    busy: dict[int, tuple[Options, list[int], threading.Event | None, int]] = \
+        field(default_factory=dict)
+    lock: threading.Condition = field(default_factory=threading.Condition)
     #: Layout batch: the model's shared decode batch (batch.Batcher) and the
     #: small context that tokenizes for it.
     batcher: Any = None
@@ -88,36 +103,74 @@ class Pool:
             pool = self.idle.get(options)
             return pool.pop() if pool else None
 
-    def take(self, options: Options, tokens: list[int] | None = None, room: int = 1) -> Engine:
+    def take(self, options: Options, tokens: list[int] | None = None, room: int = 1,
+             stop: threading.Event | None = None, budget: int = 0) -> Engine:
         """A context for a prompt of `tokens` (see the module's docstring);
-        without them, the idle context given back last, or a new one."""
+        without them, the idle context given back last, or a new one.
+        `stop` (the taker's cancel) and `budget` (the most tokens it may
+        generate) say how soon the context comes back: a prompt whose
+        prefix a stream about to end holds waits for it (see `_ending`)."""
+        deadline = time.monotonic() + ENDING_WAIT
         with self.lock:
-            idle = self.idle.get(options) or []
-            engine = None
-            if idle and tokens is None:
-                engine = idle.pop()
-            elif idle:
-                wanted = tokens or []
-                shared = [common_prefix(e.resident(), wanted) for e in idle]
-                best = max(range(len(idle)), key=shared.__getitem__)  # ties: the oldest
-                if shared[best] >= REUSE_MIN or self.made.get(options, 0) >= room:
-                    engine = idle.pop(best)
-            if engine is not None:
+            while tokens is not None and self._ending(options, tokens) and \
+                    (left := deadline - time.monotonic()) > 0:
+                self.lock.wait(left)
+            engine = self._choose(options, tokens, room)
+            if engine is None:
+                self.made[options] = self.made.get(options, 0) + 1
+            else:
                 engine.prefixes = ()  # what it holds changes now
+                self.busy[id(engine)] = (options, tokens or [], stop, budget)
                 return engine
-            self.made[options] = self.made.get(options, 0) + 1
         try:
-            return Engine.load(self.fd, options)
+            engine = Engine.load(self.fd, options)
         except BaseException as error:
             with self.lock:
                 self.made[options] -= 1
             if isinstance(error, LoadError):
                 raise InvalidModel(model=self.name, reason=error.reason) from None
             raise
+        with self.lock:
+            self.busy[id(engine)] = (options, tokens or [], stop, budget)
+        return engine
+
+    def _ending(self, options: Options, tokens: list[int]) -> bool:
+        """Whether a context in use holds REUSE_MIN tokens more of `tokens`
+        than any idle one, and its stream ends sooner than those tokens'
+        prefill would take: it is cancelled, or it may generate fewer than
+        1/DECODE_COST of them (a client that reads the first token of a
+        short answer and asks again at once)."""
+        idle = max((common_prefix(e.resident(), tokens) for e in self.idle.get(options) or ()),
+                   default=0)
+        for held_options, held, stop, budget in self.busy.values():
+            gain = common_prefix(held, tokens) - idle
+            if held_options == options and gain >= REUSE_MIN and (
+                    (stop is not None and stop.is_set()) or budget * DECODE_COST < gain):
+                return True
+        return False
+
+    def _choose(self, options: Options, tokens: list[int] | None, room: int) -> Engine | None:
+        """The idle context to take (None: make one); under the lock."""
+        idle = self.idle.get(options) or []
+        if not idle:
+            return None
+        if tokens is None:
+            return idle.pop()
+        shared = [common_prefix(e.resident(), tokens) for e in idle]
+        best = max(range(len(idle)), key=shared.__getitem__)  # ties: the oldest
+        full = self.made.get(options, 0) >= room
+        if shared[best] >= REUSE_MIN:
+            return idle.pop(best)
+        if not full:
+            return None
+        # Evict: what holds no prefix first, else the oldest.
+        return idle.pop(next((i for i, e in enumerate(idle) if not e.prefixes), 0))
 
     def give(self, options: Options, engine: Engine) -> None:
         with self.lock:
+            self.busy.pop(id(engine), None)
             self.idle.setdefault(options, []).append(engine)
+            self.lock.notify_all()
 
     def cache(self) -> dict[str, Any]:
         """What the idle contexts hold, for routers: the chat prefixes'

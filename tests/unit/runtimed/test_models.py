@@ -68,9 +68,9 @@ def pool_of(*held: list[int]) -> tuple[Pool, list[Context]]:
 
 
 def test_a_prompt_takes_the_context_holding_its_prefix(loads: list[Context]) -> None:
-    pool, (a, b) = pool_of(SYSTEM_A + [1, 2], SYSTEM_B + [3])
-    assert pool.take(OPTIONS, SYSTEM_A + [9], room=2) is a  # type: ignore[comparison-overlap]
-    assert pool.take(OPTIONS, SYSTEM_B + [9], room=2) is b  # type: ignore[comparison-overlap]
+    pool, (a, b) = pool_of([*SYSTEM_A, 1, 2], [*SYSTEM_B, 3])
+    assert pool.take(OPTIONS, [*SYSTEM_A, 9], room=2) is a  # type: ignore[comparison-overlap]
+    assert pool.take(OPTIONS, [*SYSTEM_B, 9], room=2) is b  # type: ignore[comparison-overlap]
     assert loads == []
     pool.close()
 
@@ -85,22 +85,30 @@ def test_a_new_prefix_gets_a_new_context_while_there_is_room(loads: list[Context
 
 def test_without_room_the_least_recently_used_context_is_evicted(
         loads: list[Context]) -> None:
-    pool, (old, recent) = pool_of(SYSTEM_A, SYSTEM_B)
+    pool, (old, _recent) = pool_of(SYSTEM_A, SYSTEM_B)
     assert pool.take(OPTIONS, [7] * 80, room=2) is old  # type: ignore[comparison-overlap]
     assert loads == []
+    pool.close()
+
+
+def test_a_context_without_a_prefix_worth_keeping_is_evicted_first(
+        loads: list[Context]) -> None:
+    pool, (old, short) = pool_of(SYSTEM_A, [1, 2, 3])
+    old.prefixes = ("a" * 16,)
+    assert pool.take(OPTIONS, SYSTEM_B, room=2) is short  # type: ignore[comparison-overlap]
     pool.close()
 
 
 def test_a_short_shared_opening_is_no_reason_to_evict(loads: list[Context]) -> None:
     """A chat template's opening tokens alone do not make a context worth
     reusing while a fresh one may be made."""
-    pool, (a,) = pool_of(SYSTEM_A)
+    pool, (_a,) = pool_of(SYSTEM_A)
     assert pool.take(OPTIONS, SYSTEM_A[:REUSE_MIN - 1] + [1] * 40, room=2) is loads[0]
     pool.close()
 
 
 def test_the_cache_reports_what_idle_contexts_hold(loads: list[Context]) -> None:
-    pool, (a, b) = pool_of(SYSTEM_A, SYSTEM_B)
+    pool, (a, _b) = pool_of(SYSTEM_A, SYSTEM_B)
     a.prefixes = reported([("system", "A"), ("user", "hi")])
     assert pool.cache() == {"prefixes": sorted(a.prefixes), "cached_contexts": 1}
     taken = pool.take(OPTIONS, SYSTEM_A, room=2)
@@ -121,4 +129,37 @@ def test_a_failed_load_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidModel):
         pool.take(OPTIONS, SYSTEM_A, room=2)
     assert pool.made[OPTIONS] == 0
+    pool.close()
+
+
+def test_a_prompt_waits_for_the_cancelled_stream_holding_its_prefix(
+        loads: list[Context]) -> None:
+    """A client stops an answer and asks again at once: the new prompt gets
+    the stopping stream's context when it is given back, not a cold one."""
+    import threading
+    import time
+
+    pool, (a,) = pool_of(SYSTEM_A)
+    stop = threading.Event()
+    taken = pool.take(OPTIONS, [*SYSTEM_A, 1], room=2, stop=stop)
+    assert taken is a  # type: ignore[comparison-overlap]
+    stop.set()
+    threading.Timer(0.2, pool.give, (OPTIONS, a)).start()
+    started = time.monotonic()
+    assert pool.take(OPTIONS, [*SYSTEM_A, 2], room=2) is a  # type: ignore[comparison-overlap]
+    assert 0.15 < time.monotonic() - started < 1.5 and loads == []
+    # A stream that is not stopping, and may go on long, is not waited for:
+    # a context of its own.
+    other = pool.take(OPTIONS, [*SYSTEM_A, 3], room=3, budget=500)
+    assert other is loads[0]  # type: ignore[comparison-overlap]
+    pool.close()
+
+
+def test_a_prompt_waits_for_a_short_answer_holding_its_prefix(loads: list[Context]) -> None:
+    import threading
+
+    pool, (a,) = pool_of(SYSTEM_A)
+    assert pool.take(OPTIONS, [*SYSTEM_A, 1], room=2, budget=4) is a  # type: ignore[comparison-overlap]
+    threading.Timer(0.1, pool.give, (OPTIONS, a)).start()
+    assert pool.take(OPTIONS, [*SYSTEM_A, 2], room=2) is a  # type: ignore[comparison-overlap]
     pool.close()
