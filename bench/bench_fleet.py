@@ -36,6 +36,10 @@ def _gateway(root: Path, static: int) -> Gateway:
     return gateway
 
 
+async def _nothing() -> dict[str, object]:
+    return {}
+
+
 def _timed(gateway: Gateway, requests: int) -> list[float]:
     route = gateway.route
     samples = []
@@ -56,7 +60,7 @@ def run(requests: int) -> list[tuple[int, float, float, float, float]]:
             fleet_gateway = _gateway(root, 0)
             fleet = Fleet(FleetConfig(etcd=("http://127.0.0.1:1",), node="self",
                                       advertise="http://self:1/v1"),
-                          fleet_gateway.set_fleet, lambda: {})
+                          fleet_gateway.set_fleet, _nothing)
             for i in range(members):
                 fleet._apply(f"/syntrop/fleet/nodes/n{i}",
                              f'{{"endpoint": "http://10.0.0.{i + 1}:32768/v1", '

@@ -22,8 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +33,7 @@ import h11
 import pytest
 import varlink
 
+from tests.fleet import Cluster, free_port, wait
 from tests.support import Activated, activated
 from tests.upstreams import send_json, serving
 
@@ -47,63 +46,6 @@ TTL = 3
 WORDS = 24
 #: Seconds between two streamed words.
 PACE = 0.08
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
-# etcd ------------------------------------------------------------------------
-
-
-class Cluster:
-    """Three etcd members on loopback; kill and restart them by name."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.names = ("e1", "e2", "e3")
-        self.client = {n: free_port() for n in self.names}
-        self.peer = {n: free_port() for n in self.names}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def endpoints(self) -> list[str]:
-        return [f"http://127.0.0.1:{self.client[n]}" for n in self.names]
-
-    def start(self, name: str, state: str = "new") -> None:
-        cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child's
-        self.processes[name] = subprocess.Popen(
-            ["etcd", "--name", name, "--data-dir", str(self.root / name),
-             "--listen-client-urls", f"http://127.0.0.1:{self.client[name]}",
-             "--advertise-client-urls", f"http://127.0.0.1:{self.client[name]}",
-             "--listen-peer-urls", f"http://127.0.0.1:{self.peer[name]}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer[name]}",
-             "--initial-cluster", cluster, "--initial-cluster-state", state,
-             "--heartbeat-interval", "100", "--election-timeout", "1000"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.kill()
-        process.wait()
-
-    def healthy(self, name: str) -> bool:
-        connection = http.client.HTTPConnection("127.0.0.1", self.client[name], timeout=1)
-        try:
-            connection.request("GET", "/health")
-            return bool(json.loads(connection.getresponse().read()).get("health") == "true")
-        except (OSError, ValueError):
-            return False
-        finally:
-            connection.close()
-
-    def close(self) -> None:
-        for name in list(self.processes):
-            self.kill(name)
 
 
 class Relay:
@@ -248,15 +190,6 @@ def config(name: str, port: int, etcd: list[str], upstream_port: int | None) -> 
         text += (f'[[providers]]\nid = "up"\nkind = "openai"\ntier = "local"\n'
                  f'endpoint = "http://127.0.0.1:{upstream_port}/{name}/v1"\nmodels = ["m"]\n')
     return text
-
-
-def wait(what: str, probe: Any, timeout: float) -> float:
-    """Seconds until `probe()` is true; fails after `timeout`."""
-    started = time.monotonic()
-    while not probe():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def words_of(sse: str) -> list[str]:

@@ -4,7 +4,7 @@
     routerctl providers              configured providers and their health
     routerctl test PROVIDER          probe a provider now
     routerctl models                 reachable models, aliases, default
-    routerctl route MODEL [--explain] [--prompt-tokens N]
+    routerctl route MODEL [--explain] [--prompt-tokens N] [--messages FILE]
                                      how a request would be routed
     routerctl reload                 re-read routerd.toml and model lists
 """
@@ -12,6 +12,7 @@
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 MIB = 1024 * 1024
@@ -90,8 +91,31 @@ def format_route(candidates: list[Any], explain: bool) -> str:
                      + (" (Selected)" if c.selected else "")
                      + (" (Cooling)" if getattr(c, "cooling", False) else "")
                      + (" (Throttled: local under pressure)" if getattr(c, "throttled", False)
-                        else ""))
+                        else "")
+                     + (f" (Prefix resident: {c.prefix_chars} chars)"
+                        if getattr(c, "prefix_chars", None) else "")
+                     + (" (KV cache full)" if getattr(c, "cache_full", False) else ""))
     return "\n".join(lines)
+
+
+def _messages(source: str) -> list[Any]:
+    """The messages of a chat request's JSON (or a list of messages) in
+    `source`, a file or - for stdin; exits with a message when they are
+    not that."""
+    import json
+
+    from syntrop.interfaces.router import RouteMessage
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        data = json.loads(text)
+        listed = data["messages"] if isinstance(data, dict) else data
+        return [RouteMessage(role=str(m["role"]), content=str(m["content"])) for m in listed]
+    except OSError as error:
+        sys.exit(f"routerctl: {source}: {error.strerror}")
+    except (ValueError, KeyError, TypeError):
+        sys.exit(f"routerctl: {source}: not a chat request nor a list of messages "
+                 "with role and content")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     route.add_argument("model")
     route.add_argument("--explain", action="store_true", help="print every candidate")
     route.add_argument("--prompt-tokens", type=int, default=None)
+    route.add_argument("--messages", metavar="FILE", default=None,
+                       help="a chat request's JSON (its messages) or a JSON list of "
+                            "messages, for prefix affinity; - for stdin")
     commands.add_parser("reload", help="re-read the configuration")
     args = top.parse_args(argv)
     from asyncvarlink import VarlinkErrorReply
@@ -135,8 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "models":
             print(format_models(asyncio.run(_call("ListModels"))))
         elif args.command == "route":
+            messages = None if args.messages is None else _messages(args.messages)
             candidates = asyncio.run(_call("Route", model=args.model,
-                                           prompt_tokens=args.prompt_tokens))["candidates"]
+                                           prompt_tokens=args.prompt_tokens,
+                                           messages=messages))["candidates"]
             print(format_route(candidates, args.explain))
         else:
             asyncio.run(_call("Reload"))

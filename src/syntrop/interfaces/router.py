@@ -53,6 +53,11 @@ class Candidate:
         selected: Whether this candidate would be chosen.
         cooling: Its circuit breaker is open (or probed by another request).
         throttled: Local, and demoted by memory pressure or no free slots.
+        prefix_chars: Characters of the chat's prefix (Route's messages)
+            whose KV the candidate holds, as it reports (or routerd sent
+            there in the last seconds): the longer, the earlier.
+        cache_full: Its KV cache has no room for a new prefix while
+            another candidate's has: it comes after those.
     """
 
     provider: str
@@ -64,6 +69,21 @@ class Candidate:
     selected: bool
     cooling: bool = False
     throttled: bool = False
+    prefix_chars: int | None = None
+    cache_full: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteMessage:
+    """A chat message, as in an OpenAI request.
+
+    Fields:
+        role: system, user, assistant, tool or developer.
+        content: Its text.
+    """
+
+    role: str
+    content: str
 
 
 class StatusResult(TypedDict):
@@ -177,12 +197,14 @@ class Router1(Interface, name=NAME):
         """
 
     @method(return_parameter="candidates")
-    def Route(self, *, model: str, prompt_tokens: int | None = None) -> list[Candidate]:
+    def Route(self, *, model: str, prompt_tokens: int | None = None,
+              messages: list[RouteMessage] | None = None) -> list[Candidate]:
         """Explain how a request for a model would be routed.
 
         Parameters:
             model: A model or an alias.
             prompt_tokens: Size of the request, for capability and difficulty.
+            messages: A chat request's messages, for prefix affinity.
 
         Returns:
             candidates: Scored candidates, best first.

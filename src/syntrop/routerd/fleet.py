@@ -5,10 +5,15 @@ keeps alive:
 
     {prefix}nodes/{node}  ->  {"node", "endpoint", "models", "free_slots",
                                "memory_some", "free_accelerator_bytes",
-                               "published"}
+                               "caches", "published"}
 
-published again when its models or load change (at most every
-`publish_interval` seconds), and renewed every ttl/3 seconds. A node that
+where "caches" maps each model its runtimed serves to {"prefixes": the chat
+prefix digests its idle contexts hold, "contexts": how many hold one,
+"capacity": its slots} (affinity.py routes by it),
+
+published again when its models or load change (`poke`: a request ended;
+or seen at a renewal), at most every `publish_interval` seconds, and
+renewed every ttl/3 seconds. A node that
 dies stops renewing: etcd deletes its key when the lease's TTL runs out,
 and every other node's watch sees it go. A node cut off from etcd
 (partitioned, or etcd has lost quorum) cannot renew either: the others drop
@@ -21,6 +26,9 @@ they published them), so routing, breakers and the continuation of a stream
 whose node dies mid-answer are the ones LAN peers already have. A member
 that published no free slot is throttled like a full local runtimed: tried
 after the others.
+
+Members become `peer` providers, and `caches` are what routing's affinity
+knows of them.
 """
 
 import asyncio
@@ -28,7 +36,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from syntrop.routerd.config import FleetConfig, ProviderConfig
@@ -38,12 +46,15 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two tries while etcd does not answer.
 RETRY = 1.0
+#: A member's cache of one model: (provider, model, prefixes, contexts, capacity).
+Cached = tuple[str, str, list[str], int, int]
 
 
 class Fleet:
     def __init__(self, config: FleetConfig,
-                 on_members: Callable[[tuple[ProviderConfig, ...], frozenset[str]], None],
-                 load: Callable[[], dict[str, Any]]) -> None:
+                 on_members: Callable[[tuple[ProviderConfig, ...], frozenset[str],
+                                       tuple[Cached, ...]], None],
+                 load: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.config = config
         self.etcd = Etcd(config.etcd, timeout=max(1.0, config.ttl / 3), tls_ca=config.etcd_ca,
                          tls_cert=config.etcd_cert, tls_key=config.etcd_key)
@@ -59,6 +70,11 @@ class Fleet:
         self._published: tuple[Any, ...] | None = None
         self._published_at = float("-inf")
         self._task: asyncio.Task[None] | None = None
+        self._poked = asyncio.Event()
+
+    def poke(self) -> None:
+        """This node's load changed: publish it soon (rate-limited)."""
+        self._poked.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -106,15 +122,32 @@ class Fleet:
             logger.info("fleet: member %s of %d, etcd answering", self.config.node,
                         len(self.members) + 1)
         self.state, self.reason = "ok", ""
-        watch = asyncio.get_running_loop().create_task(self._watch(revision + 1))
+        loop = asyncio.get_running_loop()
+        watch = loop.create_task(self._watch(revision + 1))
+        renew_at = time.monotonic() + self.config.ttl / 3
+        pending = False  # a publish is due once publish_interval allows it
         try:
-            while not watch.done():
-                await asyncio.wait([watch], timeout=self.config.ttl / 3)
+            while True:
+                due = renew_at
+                if pending:
+                    due = min(due, self._published_at + self.config.publish_interval)
+                poked = loop.create_task(self._poked.wait())
+                await asyncio.wait([watch, poked], timeout=max(0.0, due - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                poked.cancel()
                 if watch.done():
                     break
-                if await self.etcd.keepalive(self.lease) == 0:
-                    raise EtcdError("the lease expired")
-                await self._publish()
+                if self._poked.is_set():
+                    self._poked.clear()
+                    pending = True
+                now = time.monotonic()
+                if now >= renew_at:
+                    if await self.etcd.keepalive(self.lease) == 0:
+                        raise EtcdError("the lease expired")
+                    renew_at, pending = now + self.config.ttl / 3, True
+                if pending and now - self._published_at >= self.config.publish_interval:
+                    await self._publish()
+                    pending = False
             watch.result()
         finally:
             watch.cancel()
@@ -163,7 +196,22 @@ class Fleet:
             for node, record in sorted(self.members.items()))
 
     def _changed(self) -> None:
-        self.on_members(self.providers(), self.full())
+        self.on_members(self.providers(), self.full(), self.caches())
+
+    def caches(self) -> tuple[Cached, ...]:
+        """What the members' runtimed hold, as they published it (entries
+        that are not well formed are left out)."""
+        found: list[Cached] = []
+        for node, record in sorted(self.members.items()):
+            caches = record.get("caches")
+            for model, cache in (caches.items() if isinstance(caches, dict) else ()):
+                try:
+                    found.append((f"fleet:{node}", str(model),
+                                  [str(d) for d in cache["prefixes"]][:256],
+                                  int(cache["contexts"]), int(cache["capacity"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return tuple(found)
 
     def full(self) -> frozenset[str]:
         """Members that published no free slot (their runtimed is full)."""
@@ -180,14 +228,13 @@ class Fleet:
     # publishing ---------------------------------------------------------------
 
     async def _publish(self) -> None:
-        """This node's record, when it changed and publish_interval has
-        passed (renewal alone keeps it alive)."""
-        load = self.load()
+        """This node's record, when it changed (renewal alone keeps it
+        alive); the caller keeps to publish_interval."""
+        load = await self.load()
         record = {"node": self.config.node, "endpoint": self.config.advertise, **load}
         signature = tuple(sorted((k, json.dumps(v)) for k, v in record.items()))
         now = time.monotonic()
-        recent = now - self._published_at < self.config.publish_interval
-        if signature == self._published or (recent and self._published is not None):
+        if signature == self._published:
             return
         await self.etcd.put(self.key, json.dumps({**record, "published": time.time()}),
                             self.lease)

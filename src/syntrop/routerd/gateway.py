@@ -7,12 +7,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from syntrop.config import Paths
 from syntrop.routerd import scoring
+from syntrop.routerd.affinity import Affinity
 from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import REGISTRY, Provider, ProviderError
@@ -66,6 +67,12 @@ def unauthorized() -> Response:
                      "routerd is configured with", "invalid_api_key")
     response.headers = ((b"www-authenticate", b'Bearer realm="routerd"'),)
     return response
+
+
+def _served_by(candidate: scoring.Scored) -> tuple[tuple[bytes, bytes], ...]:
+    """Which provider answers (a stream continued elsewhere says where it
+    began)."""
+    return ((b"x-syntrop-provider", candidate.provider.encode()),)
 
 
 def ok(payload: Any) -> Response:
@@ -285,6 +292,7 @@ class _Relay:
         finally:
             self.gateway.release(self.current)
             self.gateway.admission.leave(self.kind)
+            self.gateway.changed()
 
 
 class Gateway:
@@ -315,6 +323,10 @@ class Gateway:
         self.fleet: tuple[ProviderConfig, ...] = ()
         self._fleet_seen: object = None
         self.fleet_full: frozenset[str] = frozenset()
+        #: Which provider holds which chat prefix (affinity.py).
+        self.affinity = Affinity()
+        #: Called when a request ends (the fleet publishes the load anew).
+        self.changed: Callable[[], None] = lambda: None
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -330,17 +342,23 @@ class Gateway:
         self.set_fleet(fleet)
 
     def set_fleet(self, members: tuple[ProviderConfig, ...],
-                  full: frozenset[str] = frozenset()) -> None:
+                  full: frozenset[str] = frozenset(),
+                  caches: tuple[tuple[str, str, list[str], int, int], ...] = ()) -> None:
         """The fleet's other nodes now (from etcd): new ones become peer
         providers, gone ones are dropped, unchanged ones keep their
         connections, health and breakers. `full`: those that published no
-        free slot, throttled like a full local runtimed."""
+        free slot, throttled like a full local runtimed. `caches`: what
+        their runtimed holds, as (provider, model, prefixes, contexts,
+        capacity)."""
         self.fleet_full = full
         before = {p.id: p for p in self.fleet}
         for member in before.values():
+            self.affinity.forget(member.id)
             if member not in members:
                 self.providers.pop(member.id, None)
                 self.health.pop(member.id, None)
+        for provider, model, prefixes, contexts, capacity in caches:
+            self.affinity.report(provider, model, prefixes, contexts, capacity)
         for member in members:
             if before.get(member.id) != member:
                 self.providers[member.id] = REGISTRY[member.kind](member, self.paths)
@@ -485,6 +503,11 @@ class Gateway:
                             self.breakers.setdefault((config.id, model),
                                                      scoring.Breaker()).failure(now)
 
+    async def refresh_load(self) -> None:
+        """Ask every local runtimed for its load now."""
+        self._load_at = time.monotonic()
+        await self._refresh_load([p for p in self.config.providers if p.kind == "runtimed"])
+
     def _look_at_load(self) -> None:
         """Refresh runtimed's free slots in the background, once a second at
         most; routing uses the last answer and never waits for it."""
@@ -500,20 +523,61 @@ class Gateway:
     async def _refresh_load(self, locals_: list[ProviderConfig]) -> None:
         for config in locals_:
             provider = self.providers.get(config.id)
-            probe = getattr(provider, "free_slots", None)
-            free = await probe() if probe is not None else None
+            probe = getattr(provider, "load", None)
+            load = await probe() if probe is not None else None
+            free = None if load is None else int(load["free_slots"])
             self.free_slots[config.id] = free
+            if load is not None:
+                self._report_caches(config.id, load)
             if free == 0:
                 self.full.add(config.id)
             else:
                 self.full.discard(config.id)
 
+    def _report_caches(self, provider: str, load: Any) -> None:
+        """What a runtimed's load says its KV caches hold, per model it
+        serves: a model not loaded, or without a chat yet, holds nothing
+        and has every slot's room."""
+        loaded = {m.name: m for m in load.get("models") or ()}
+        served = next((p.models for p in self.effective() if p.id == provider), ())
+        for name in {*served, *loaded}:
+            model = loaded.get(name)
+            self.affinity.report(provider, name, (model.prefixes or []) if model else [],
+                                 (model.cached_contexts or 0) if model else 0,
+                                 int(load["total_slots"]))
+
     # routing ----------------------------------------------------------------
 
     def route(self, model: str, prompt_tokens: int | None = None,
-              now: float | None = None) -> list[scoring.Scored]:
-        return scoring.candidates(model, self.effective(), self.health, prompt_tokens, now,
-                                  self.breakers, self.throttled(), self.fleet_full)
+              now: float | None = None, chain: Sequence[tuple[str, int]] = (),
+              forwarded: bool = False) -> list[scoring.Scored]:
+        """The candidates for `model`, best first; with a chat's prefix
+        `chain` (syntrop.prefix), by affinity too. A `forwarded` request
+        (another node's) is served here: no LAN candidates, no loops."""
+        providers = self.effective()
+        if forwarded:
+            providers = tuple(p for p in providers if p.tier != "lan")
+        affinity: scoring.Affinity | None = None
+        if chain:
+            def affinity(provider: str, name: str) -> tuple[int, bool | None]:
+                return self.affinity.match(provider, name, chain, now)
+        # A prefix worth keeping has a home: its first turn's digest says where.
+        home = chain[0][0] if chain and chain[-1][1] >= scoring.AFFINITY_STEP else None
+        return scoring.candidates(model, providers, self.health, prompt_tokens, now,
+                                  self.breakers, self.throttled(), self.fleet_full, affinity,
+                                  home)
+
+    def chain(self, endpoint: str, request: dict[str, Any],
+              model: str) -> list[tuple[str, int]]:
+        """A chat request's prefix chain, when some provider of `model`
+        reports its cache (else routing has no use for it)."""
+        if endpoint != "chat/completions" or not self.affinity.knows(model):
+            return []
+        from syntrop.prefix import chain
+        from syntrop.routerd.providers.runtimed import turns
+
+        found = turns({**request, "model": model})
+        return chain(found) if found else []
 
     def _breaker(self, candidate: scoring.Scored) -> scoring.Breaker:
         key = (candidate.provider, candidate.model)
@@ -543,14 +607,15 @@ class Gateway:
         key = (provider, outcome)
         self.attempts[key] = self.attempts.get(key, 0) + 1
 
-    async def _usable(self, model: str, tokens: int, deadline: float
+    async def _usable(self, model: str, tokens: int, deadline: float,
+                      chain: Sequence[tuple[str, int]] = (), forwarded: bool = False,
                       ) -> list[scoring.Scored] | Response:
         """The candidates a breaker lets through, best first. When every
         one is cooling, wait for the earliest to reopen, within the
         request's deadline."""
         while True:
             now = time.monotonic()
-            scored = self.route(model, tokens, now)
+            scored = self.route(model, tokens, now, chain, forwarded)
             if not scored and await self.rediscover():
                 continue  # pulled since the last look, perhaps
             if not scored:
@@ -571,9 +636,11 @@ class Gateway:
     # requests ---------------------------------------------------------------
 
     async def handle(self, method: str, path: str, body: bytes,
-                     traffic: str = USER) -> Response:
+                     traffic: str = USER, forwarded: bool = False) -> Response:
+        """One request; `forwarded`: another node of the fleet sent it (it
+        is served by this node's own providers)."""
         path = path.partition("?")[0]
-        response = await self._handle(method, path, body, traffic)
+        response = await self._handle(method, path, body, traffic, forwarded)
         known = path in ENDPOINTS or path in ("/v1/models", "/health")
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
                path if known else "other",
@@ -581,7 +648,8 @@ class Gateway:
         self.answered[key] = self.answered.get(key, 0) + 1
         return response
 
-    async def _handle(self, method: str, path: str, body: bytes, traffic: str) -> Response:
+    async def _handle(self, method: str, path: str, body: bytes, traffic: str,
+                      forwarded: bool) -> Response:
         if path == "/health":  # also what LAN peers advertise to each other
             from syntrop.routerd.pressure import free_accelerator_bytes
 
@@ -637,22 +705,27 @@ class Gateway:
                              "server_overloaded")
         stream = None
         try:
-            candidates = await self._usable(model, _prompt_tokens(endpoint, request), deadline)
+            chain = self.chain(endpoint, request, model)
+            candidates = await self._usable(model, _prompt_tokens(endpoint, request), deadline,
+                                            chain, forwarded)
             if isinstance(candidates, Response):
                 return candidates
             if not request.get("stream"):
-                return await self._complete(endpoint, request, candidates)
+                return await self._complete(endpoint, request, candidates, chain)
             opened = await self.open_stream(endpoint, request, candidates)
             if isinstance(opened, ProviderError):
                 return self._failed(opened)
             current, first, chunks = opened
+            self.affinity.routed(current.provider, current.model, chain)
             stream = _Relay(self, endpoint, request, candidates, current, first, chunks,
                             traffic)
             return Response(200, content_type="text/event-stream", stream=stream.run(),
+                            headers=_served_by(current),
                             closer=stream.close)
         finally:
             if stream is None:
                 self.admission.leave(traffic)
+                self.changed()
 
     def _failed(self, failure: ProviderError) -> Response:
         if not failure.retryable:
@@ -662,7 +735,8 @@ class Gateway:
         return error(failure.status, failure.message, code)
 
     async def _complete(self, endpoint: str, request: dict[str, Any],
-                        candidates: list[scoring.Scored]) -> Response:
+                        candidates: list[scoring.Scored],
+                        chain: Sequence[tuple[str, int]] = ()) -> Response:
         last = ProviderError(502, "no provider answered")
         for candidate in candidates:
             breaker = self._breaker(candidate)
@@ -684,7 +758,9 @@ class Gateway:
                 breaker.release()
                 raise
             self.succeeded(candidate, (time.monotonic() - started) * 1000)
-            return Response(200, answer) if isinstance(answer, bytes) else ok(answer)
+            self.affinity.routed(candidate.provider, candidate.model, chain)
+            body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+            return Response(200, body, headers=_served_by(candidate))
         return self._failed(last)
 
     async def open_stream(self, endpoint: str, request: dict[str, Any],

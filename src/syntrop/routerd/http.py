@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 READ_SIZE = 65536
 #: Requests with "x-syntrop-traffic: triage" (sentry's) go to the triage queue.
 TRAFFIC_HEADER = b"x-syntrop-traffic"
+#: Requests another node of the fleet forwards carry it (providers/peer.py):
+#: served by this node's own providers, never forwarded again.
+FORWARDED_HEADER = b"x-syntrop-forwarded"
 MAX_HEADER_BYTES = 16384
 REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
            405: b"Method Not Allowed", 408: b"Request Timeout", 413: b"Content Too Large",
@@ -233,10 +236,12 @@ class HTTPServer:
                     await self._send(conn, writer, got, True)
                     break
                 request, body = got
-                traffic = USER
+                traffic, forwarded = USER, False
                 for name, value in request.headers:
                     if name == TRAFFIC_HEADER and value.lower() == b"triage":
                         traffic = TRIAGE
+                    elif name == FORWARDED_HEADER:
+                        forwarded = True
                 if self.config.api_keys and not self._authorized(request, writer):
                     await self._send(conn, writer, unauthorized(), False)
                     conn.start_next_cycle()
@@ -244,7 +249,7 @@ class HTTPServer:
                 try:
                     response = await self.gateway.handle(
                         request.method.decode(), request.target.decode("latin-1"), body,
-                        traffic)
+                        traffic, forwarded)
                 except Exception:  # never let a request take the daemon down
                     logger.exception("request failed")
                     response = error(502, "internal error")

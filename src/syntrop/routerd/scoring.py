@@ -5,7 +5,9 @@ capability, times the provider's configured weight and a health factor;
 ties go to the provider listed first in the configuration.
 """
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from syntrop.routerd.config import ProviderConfig
@@ -26,6 +28,12 @@ LATENCY_REFERENCE_MS = 50.0
 HARD_PROMPT_TOKENS = 2000
 EWMA_ALPHA = 0.3
 COOLDOWN_S = 5.0
+#: Characters of resident prefix (about 128 tokens) that count as one step
+#: of affinity: a shorter match does not override the scores.
+AFFINITY_STEP = 512
+#: (provider, model) -> characters of the request's prefix resident there,
+#: and whether it has room for a new prefix (None: it reports no cache).
+Affinity = Callable[[str, str], tuple[int, bool | None]]
 
 
 @dataclass(slots=True)
@@ -117,6 +125,10 @@ class Scored:
     throttled: bool = False
     #: When a cooling candidate may be probed again (monotonic seconds).
     retry_at: float = 0.0
+    #: Characters of the request's chat prefix resident there (affinity.py).
+    prefix_chars: int = 0
+    #: Its KV cache has no room for a new prefix while another's has.
+    cache_full: bool = False
 
 
 def intent(model: str, prompt_tokens: int | None) -> str:
@@ -149,17 +161,25 @@ def candidates(
     breakers: dict[tuple[str, str], Breaker] | None = None,
     throttle_local: bool = False,
     full: frozenset[str] = frozenset(),
+    affinity: Affinity | None = None,
+    home: str | None = None,
 ) -> list[Scored]:
     """Candidates for `model` (a model or an alias), best first: those a
     breaker lets through before cooling ones, and under `throttle_local`
     (memory pressure, no free slots) local ones after the LAN and remote
     tiers; so are the providers in `full` (fleet members that published no
-    free slot). Cooling candidates stay in the list so that the caller can wait
-    for the earliest `retry_at`."""
+    free slot). Within each of those groups, with `affinity`, the longer
+    the request's resident prefix (in AFFINITY_STEP characters) the
+    earlier; then a candidate whose cache has no room for a new prefix
+    after those that have; then, with `home` (a key of the request's
+    prefix), the candidates that report a cache in the order rendezvous
+    hashing of `home` gives them, so that each prefix has a home and new
+    ones spread over the fleet. Cooling candidates stay in the list so
+    that the caller can wait for the earliest `retry_at`."""
     now = time.monotonic() if now is None else now
     kind = intent(model, prompt_tokens)
     ws, wc, wcap = WEIGHTS[kind]
-    result: list[tuple[bool, bool, float, int, Scored]] = []
+    found: list[tuple[int, float, bool, int, bool | None, Scored]] = []
     for order, provider in enumerate(providers):
         if prompt_tokens is not None and prompt_tokens > provider.context_window:
             continue
@@ -179,8 +199,25 @@ def candidates(
                 retry_at = breaker.open_until
             throttled = (throttle_local and provider.tier == "local") or provider.id in full
             total = provider.weight * (ws * speed + wc * cost + wcap * capability)
-            scored = Scored(provider.id, name, round(total, 1), speed, cost, capability,
-                            cooling, throttled, retry_at)
-            result.append((cooling, throttled, -total, order, scored))
-    result.sort(key=lambda item: item[:4])
-    return [item[4] for item in result]
+            chars, room = affinity(provider.id, name) if affinity is not None else (0, None)
+            found.append((order, total, throttled, chars, room, Scored(
+                provider.id, name, round(total, 1), speed, cost, capability, cooling,
+                throttled, retry_at, chars)))
+    # A cache without room comes later only where another has room.
+    roomy = any(room for *_, room, _ in found)
+    result = []
+    for order, total, throttled, chars, room, scored in found:
+        no_room = roomy and room is False
+        if no_room:
+            scored = dataclasses.replace(scored, cache_full=True)
+        rank = _rendezvous(home, scored.provider) if home and room is not None else ""
+        result.append((scored.cooling, throttled, -(chars // AFFINITY_STEP), no_room,
+                       rank or "~", -total, order, scored))
+    result.sort(key=lambda item: item[:7])
+    return [item[7] for item in result]
+
+
+def _rendezvous(key: str, provider: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{key}\0{provider}".encode()).hexdigest()

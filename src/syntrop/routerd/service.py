@@ -17,6 +17,7 @@ from syntrop.interfaces.router import (
     NotAuthorized,
     Provider,
     ProviderNotFound,
+    RouteMessage,
     Router1,
     StatusResult,
     TestResult,
@@ -79,6 +80,7 @@ class RouterService(Router1):
             service.fleet = Fleet(service.config.fleet, service.gateway.set_fleet,
                                   service.fleet_load)
             service.fleet.start()
+            service.gateway.changed = service.fleet.poke
         logger.info("HTTP on %s", ", ".join(service.http.addresses) or "nothing")
         return service
 
@@ -94,13 +96,20 @@ class RouterService(Router1):
             await self.fleet.close()
         await self.http.close()
 
-    def fleet_load(self) -> dict[str, object]:
-        """What this node publishes to the fleet: its own models and load."""
+    async def fleet_load(self) -> dict[str, object]:
+        """What this node publishes to the fleet: its own models and load,
+        runtimed's as it answers now."""
         from syntrop.routerd.pressure import free_accelerator_bytes
 
-        self.gateway.throttled()  # refreshes runtimed's free slots (in the background)
+        await self.gateway.refresh_load()
         slots = [f for f in self.gateway.free_slots.values() if f is not None]
+        locals_ = {p.id for p in self.config.providers if p.kind == "runtimed"}
+        caches = {model: {"prefixes": sorted(cache.prefixes), "contexts": cache.contexts,
+                          "capacity": cache.capacity}
+                  for (provider, model), cache in sorted(self.gateway.affinity.caches.items())
+                  if provider in locals_}
         return {"models": self.gateway.local_models(),
+                "caches": caches,
                 "free_slots": sum(slots) if slots else None,
                 "memory_some": round(self.gateway.pressure.memory_some(), 1),
                 "free_accelerator_bytes": free_accelerator_bytes()}
@@ -143,15 +152,20 @@ class RouterService(Router1):
                             default_model=self.gateway.default_model())
 
     @implements
-    def Route(self, *, model: str, prompt_tokens: int | None = None) -> list[Candidate]:
-        scored = self.gateway.route(model, prompt_tokens)
+    def Route(self, *, model: str, prompt_tokens: int | None = None,
+              messages: list[RouteMessage] | None = None) -> list[Candidate]:
+        chain = self.gateway.chain("chat/completions", {"messages": [
+            {"role": m.role, "content": m.content} for m in messages or ()]}, model)
+        scored = self.gateway.route(model, prompt_tokens, chain=chain)
         if not scored:
             known = model in scoring.ALIASES or any(m == model for m, _ in self.gateway.models())
             raise NoRoute(model=model, reason="no provider fits the prompt" if known
                           else "no provider serves this model")
         return [Candidate(provider=s.provider, model=s.model, score=s.score, speed=s.speed,
                           cost=s.cost, capability=s.capability, selected=index == 0,
-                          cooling=s.cooling, throttled=s.throttled)
+                          cooling=s.cooling, throttled=s.throttled,
+                          prefix_chars=s.prefix_chars if chain else None,
+                          cache_full=s.cache_full)
                 for index, s in enumerate(scored)]
 
     @implements

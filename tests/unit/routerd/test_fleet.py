@@ -44,14 +44,21 @@ def test_prefix_end_and_watch_messages() -> None:
         etcd._events(b'{"result": {"canceled": true, "cancel_reason": "compacted"}}')
 
 
+async def nothing() -> dict[str, object]:
+    return {}
+
+
 def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a",
                               "advertise": "http://a:1/v1", "peer_ca": "/ca.pem"}}).fleet
     seen: list[object] = []
-    fleet = Fleet(config, lambda members, full: seen.append((members, full)), lambda: {})
+    fleet = Fleet(config, lambda members, full, caches: seen.append((members, full, caches)),
+                  nothing)
     fleet._apply("/syntrop/fleet/nodes/a", json.dumps({"endpoint": "http://a:1/v1"}))  # self
     fleet._apply("/syntrop/fleet/nodes/b", json.dumps(
-        {"endpoint": "http://b:1/v1", "models": ["m"], "free_slots": 0}))
+        {"endpoint": "http://b:1/v1", "models": ["m"], "free_slots": 0,
+         "caches": {"m": {"prefixes": ["0123456789abcdef"], "contexts": 1, "capacity": 4},
+                    "bad": {"prefixes": 3}}}))
     fleet._apply("/syntrop/fleet/nodes/c", "not json")
     fleet._apply("/syntrop/fleet/nodes/d", json.dumps({"endpoint": "file:///x"}))
     (member,) = fleet.providers()
@@ -59,6 +66,8 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
             member.tls_ca) == ("fleet:b", "peer", "lan", "http://b:1/v1", ("m",), "/ca.pem")
     assert fleet.free_slots("fleet:b") == 0 and fleet.free_slots("fleet:x") is None
     assert fleet.full() == {"fleet:b"}  # published no free slot: throttled
+    # What its runtimed holds, for affinity; a malformed entry is left out.
+    assert fleet.caches() == (("fleet:b", "m", ["0123456789abcdef"], 1, 4),)
 
 
 def test_a_full_member_is_tried_after_the_others() -> None:

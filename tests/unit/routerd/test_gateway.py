@@ -19,8 +19,8 @@ class Slots:
     def __init__(self) -> None:
         self.free = 0
 
-    async def free_slots(self) -> int:
-        return self.free
+    async def load(self) -> dict[str, object]:
+        return {"free_slots": self.free, "total_slots": 2, "models": []}
 
 
 def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() -> None:

@@ -83,6 +83,9 @@ class _Exchange:
 
 
 class OpenAIProvider:
+    #: Headers sent with every request, besides the standard ones.
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
         url = urlsplit(config.endpoint)
@@ -137,7 +140,7 @@ class OpenAIProvider:
         server's root with `root`)."""
         writer = exchange.writer
         headers = [(b"host", self.authority), (b"user-agent", b"syntrop-routerd"),
-                   (b"accept", b"application/json, text/event-stream")]
+                   (b"accept", b"application/json, text/event-stream"), *self.headers]
         if self.config.api_key:
             headers.append((b"authorization", b"Bearer " + self.config.api_key.encode()))
         if body is not None:

@@ -12,6 +12,9 @@ from syntrop.routerd.providers.openai import OpenAIProvider
 
 
 class PeerProvider(OpenAIProvider):
+    #: The peer serves what we forward with its own providers (http.py).
+    headers = ((b"x-syntrop-forwarded", b"1"),)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.rtt_ms: float | None = None

@@ -131,6 +131,15 @@ def _constraint(body: dict[str, Any], plan: "tools.Plan | None") -> Any:
     return None if schema is None else Constraint(json_schema=json.dumps(schema))
 
 
+def turns(body: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """A chat request's turns as runtimed would get them (tools folded in);
+    None when they are not valid (the request will be refused)."""
+    try:
+        return tools.messages(body, _plan("chat/completions", body))
+    except (tools.ToolsError, ProviderError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     """OpenAI's usage: runtimed's own counts (the prompt as the model read
     it, chat template included; the tokens it generated)."""
@@ -309,17 +318,17 @@ class RuntimedProvider:
         return {"object": "list", "data": data, "model": body["model"],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    async def free_slots(self) -> int | None:
-        """runtimed's free slots now (Runtime1.GetLoad); None unknown."""
+    async def load(self) -> Any:
+        """runtimed's load now (Runtime1.GetLoad); None when it does not
+        answer."""
         from syntrop.interfaces.runtime import Runtime1
         from syntrop.varlink.client import connect
 
         try:
             async with await connect(Runtime1, address=self.address, timeout=2) as client:
-                load = await client.GetLoad()
+                return await client.GetLoad()
         except Exception:  # unreachable or older runtimed: no verdict
             return None
-        return int(load["free_slots"])
 
     async def _collect(self, endpoint: str, body: dict[str, Any],
                        plan: "tools.Plan | None") -> "_Whole":

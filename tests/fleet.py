@@ -1,0 +1,96 @@
+"""A real etcd cluster for fleet tests: members on loopback ports, each
+etcd-server from apt, killed and restarted by name; and the helpers the
+fleet tests share."""
+
+import http.client
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+# etcd ------------------------------------------------------------------------
+
+
+class Cluster:
+    """Three etcd members on loopback; kill and restart them by name."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.names = ("e1", "e2", "e3")
+        self.client = {n: free_port() for n in self.names}
+        self.peer = {n: free_port() for n in self.names}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def endpoints(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.client[n]}" for n in self.names]
+
+    def start(self, name: str, state: str = "new") -> None:
+        cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child's
+        self.processes[name] = subprocess.Popen(
+            ["etcd", "--name", name, "--data-dir", str(self.root / name),
+             "--listen-client-urls", f"http://127.0.0.1:{self.client[name]}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.client[name]}",
+             "--listen-peer-urls", f"http://127.0.0.1:{self.peer[name]}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer[name]}",
+             "--initial-cluster", cluster, "--initial-cluster-state", state,
+             "--heartbeat-interval", "100", "--election-timeout", "1000"],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait()
+
+    def healthy(self, name: str) -> bool:
+        connection = http.client.HTTPConnection("127.0.0.1", self.client[name], timeout=1)
+        try:
+            connection.request("GET", "/health")
+            return bool(json.loads(connection.getresponse().read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        for name in list(self.processes):
+            self.kill(name)
+
+
+def wait(what: str, probe: Any, timeout: float) -> float:
+    """Seconds until `probe()` is true; fails after `timeout`."""
+    started = time.monotonic()
+    while not probe():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def records(endpoint: str, prefix: str = "/syntrop/fleet/nodes/") -> dict[str, Any]:
+    """The fleet's records in etcd, by node, read through etcd's JSON
+    gateway (what routerd publishes, as any client sees it)."""
+    import base64
+
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                       "range_end": base64.b64encode(end.encode()).decode()})
+    host, _, port = endpoint.removeprefix("http://").partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        connection.request("POST", "/v3/kv/range", body=body)
+        found = json.loads(connection.getresponse().read()).get("kvs", [])
+    finally:
+        connection.close()
+    return {base64.b64decode(kv["key"]).decode().rpartition("/")[2]:
+            json.loads(base64.b64decode(kv["value"])) for kv in found}

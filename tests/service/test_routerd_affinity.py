@@ -1,0 +1,117 @@
+"""Prefix-aware routing across a fleet of three real syntrop nodes: each
+its own modeld, runtimed (SmolLM2, one slot) and routerd, socket-activated,
+on one real etcd member. A chat's system prompt is resident in one node's
+runtimed after its first request; routerd sends the next requests with that
+prompt to that node (affinity.py), and new prompts where there is room, so
+three prompts land on three nodes and stay there. Who served each request
+is routerd's x-syntrop-provider; every node's runtimed says what it holds
+(GetLoad), and each node publishes it in etcd."""
+
+import http.client
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import varlink
+
+from tests.fleet import Cluster, free_port, records, wait
+from tests.models import model_node, require_llama
+from tests.support import Activated, activated
+
+require_llama()
+if shutil.which("etcd") is None:
+    pytest.skip("etcd is not installed (package etcd-server: scripts/apt-deps)",
+                allow_module_level=True)
+
+
+def system(topic: str) -> str:
+    """A system prompt of about 500 tokens."""
+    return " ".join(f"Rule {i}: answer about {topic}, briefly and politely." for i in range(50))
+
+
+def ask(port: int, topic: str, question: str) -> tuple[float, str]:
+    """Seconds to a one-token answer, and who served it."""
+    body = {"model": "smollm2", "max_tokens": 1, "temperature": 0, "messages": [
+        {"role": "system", "content": system(topic)}, {"role": "user", "content": question}]}
+    started = time.monotonic()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(body))
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200
+        return time.monotonic() - started, str(response.getheader("x-syntrop-provider"))
+    finally:
+        connection.close()
+
+
+def held(runtimed: Activated) -> list[str]:
+    with varlink.Client(address=runtimed.address) as client, \
+            client.open("io.syntrop.Runtime1") as runtime:
+        models = runtime.GetLoad()["models"]
+    return [d for m in models for d in (m.get("prefixes") or [])]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, Activated]]]:
+    cluster = Cluster(tmp_path)
+    cluster.names = ("e1",)
+    with ExitStack() as stack:
+        stack.callback(cluster.close)
+        cluster.start("e1")
+        wait("etcd healthy", lambda: cluster.healthy("e1"), 30)
+        ports, runtimes = {}, {}
+        for name in ("a", "b", "c"):
+            root = tmp_path / name
+            (root / "config").mkdir(parents=True)
+            ports[name] = free_port()
+            (root / "config" / "runtimed.toml").write_text("[runtimed]\nslots = 1\n")
+            (root / "config" / "routerd.toml").write_text(
+                f'[http]\nlisten = ["127.0.0.1:{ports[name]}"]\n'
+                f'[fleet]\netcd = {json.dumps(cluster.endpoints())}\nnode = "{name}"\n'
+                f'ttl = 3\nadvertise = "http://127.0.0.1:{ports[name]}/v1"\n')
+            runtimes[name] = stack.enter_context(model_node(root, stack))
+            router = stack.enter_context(activated("routerd", root))
+            with varlink.Client(address=router.address) as client, \
+                    client.open("io.syntrop.Router1") as proxy:
+                proxy.GetStatus()  # started now, not by the first request
+        yield cluster, ports, runtimes
+
+
+def test_each_prompt_has_a_home_and_goes_back_to_it(
+        fleet: tuple[Cluster, dict[str, int], dict[str, Activated]]) -> None:
+    cluster, ports, runtimes = fleet
+    (etcd,) = cluster.endpoints()
+
+    def published() -> bool:
+        found = records(etcd)
+        return sorted(found) == ["a", "b", "c"] and all(
+            "smollm2" in (r.get("caches") or {}) for r in found.values())
+
+    wait("every node publishes its runtimed's cache", published, 30)
+    topics = ("rivers", "mountains", "forests")
+    first: dict[str, tuple[float, str]] = {t: ask(ports["a"], t, "Which is oldest?")
+                                           for t in topics}
+    # One slot per node: three prompts, three homes.
+    homes = {t: provider for t, (_, provider) in first.items()}
+    assert sorted(homes.values()) == ["fleet:b", "fleet:c", "runtimed-local"], homes
+    node_of = {"runtimed-local": "a", "fleet:b": "b", "fleet:c": "c"}
+    again: dict[str, tuple[float, str]] = {}
+    for topic in topics * 2:
+        again[topic] = ask(ports["a"], topic, f"And the youngest of the {topic}?")
+        assert again[topic][1] == homes[topic], (topic, again[topic], homes)
+    for topic in topics:
+        # ~500 tokens of prefill against one: an order of magnitude.
+        assert again[topic][0] * 4 < first[topic][0], (topic, first[topic], again[topic])
+        runtimed = runtimes[node_of[homes[topic]]]
+        assert held(runtimed), (topic, homes[topic])
+    # What each node holds is in its etcd record too.
+    caches = {n: r["caches"]["smollm2"] for n, r in records(etcd).items()}
+    assert all(c["capacity"] == 1 for c in caches.values()), caches
+    assert {n: c["contexts"] for n, c in caches.items()} == {"a": 1, "b": 1, "c": 1}
+    print(f"\n  first TTFT {[round(first[t][0], 2) for t in topics]} s, "
+          f"again {[round(again[t][0], 2) for t in topics]} s; homes {homes}")

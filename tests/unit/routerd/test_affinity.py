@@ -1,0 +1,100 @@
+"""Prefix affinity in routing (affinity.py, scoring.py): the provider that
+holds a chat's start comes first, a new start goes where there is room, and
+routerd's own decisions count until a report says otherwise."""
+
+import asyncio
+from typing import Any
+
+from syntrop.config import Paths
+from syntrop.interfaces.runtime import LoadedModel
+from syntrop.prefix import chain, reported
+from syntrop.routerd.affinity import PREDICT_S, Affinity
+from syntrop.routerd.config import Config, ProviderConfig
+from syntrop.routerd.gateway import Gateway
+from syntrop.routerd.pressure import Pressure
+
+A = ProviderConfig(id="a", kind="runtimed", tier="local", models=("m",))
+B = ProviderConfig(id="b", kind="peer", endpoint="http://b/v1", tier="lan", models=("m",))
+C = ProviderConfig(id="c", kind="peer", endpoint="http://c/v1", tier="lan", models=("m",))
+RIVERS = [("system", "Rivers. " * 200), ("user", "Which is longest?")]
+HILLS = [("system", "Hills. " * 200), ("user", "Which is highest?")]
+
+
+def body(turns: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": r, "content": c} for r, c in turns]}
+
+
+def test_the_holder_of_the_longest_prefix_comes_first() -> None:
+    affinity = Affinity()
+    affinity.report("b", "m", reported(RIVERS), 1, 4, now=0.0)
+    assert affinity.match("b", "m", chain(RIVERS), now=1.0) == (len(RIVERS[0][1]) + 17, True)
+    follow_up = [*RIVERS, ("assistant", "The Nile."), ("user", "And the widest?")]
+    assert affinity.match("b", "m", chain(follow_up), now=1.0)[0] == len(RIVERS[0][1]) + 17
+    assert affinity.match("c", "m", chain(RIVERS), now=1.0) == (0, None)
+
+
+def test_a_decision_counts_until_it_is_old_and_fills_the_room() -> None:
+    affinity = Affinity()
+    affinity.report("b", "m", [], 1, 2, now=0.0)
+    affinity.routed("b", "m", chain(HILLS), now=1.0)
+    assert affinity.match("b", "m", chain(HILLS), now=2.0) == (len(HILLS[0][1]) + 17, False)
+    assert affinity.match("b", "m", chain(HILLS), now=2.0 + PREDICT_S) == (0, True)
+
+
+def gateway_with(loads: dict[str, dict[str, Any]]) -> Gateway:
+    class Load:
+        def __init__(self, report: dict[str, Any]) -> None:
+            self.report = report
+
+        async def load(self) -> dict[str, Any]:
+            return self.report
+
+    gateway = Gateway(Config(listen=(), providers=(A, B, C)), Paths.from_environment(),
+                      pressure=Pressure(25.0, read=lambda: 0.0))
+    for name in ("a", "b", "c"):  # stand-ins: nothing to ask, nothing to advertise
+        gateway.providers[name] = Load(loads.get(name) or {})  # type: ignore[assignment]
+    return gateway
+
+
+def test_routing_follows_the_prefix_and_spreads_new_ones() -> None:
+    async def main() -> None:
+        held = LoadedModel(name="m", resident_bytes=1, busy=0, sessions=0, keep_alive_s=1.0,
+                           prefixes=list(reported(RIVERS)), cached_contexts=1)
+        gateway = gateway_with({"a": {"free_slots": 1, "total_slots": 1, "models": [held]}})
+        gateway.throttled()
+        await asyncio.gather(*gateway._tasks)
+        # Without a chain: the scores (a is local).
+        assert gateway.route("m")[0].provider == "a"
+        # a holds the rivers: they go there, whatever the tier.
+        first = gateway.route("m", chain=gateway.chain("chat/completions", body(RIVERS), "m"))
+        assert first[0].provider == "a" and first[0].prefix_chars > 1000
+        # Fleet members report caches with room; a has none left: hills go
+        # to a member.
+        gateway.set_fleet((), caches=(("b", "m", [], 0, 2), ("c", "m", [], 1, 2)))
+        hills = gateway.chain("chat/completions", body(HILLS), "m")
+        order = gateway.route("m", chain=hills)
+        assert [c.provider for c in order] == ["b", "c", "a"] and order[2].cache_full
+        # A forwarded request is served here, even when a member holds it.
+        gateway.set_fleet((), caches=(("b", "m", list(reported(HILLS)), 1, 2),))
+        assert gateway.route("m", chain=hills)[0].provider == "b"
+        assert [c.provider for c in gateway.route("m", chain=hills, forwarded=True)] == ["a"]
+
+    asyncio.run(main())
+
+
+def test_new_prefixes_have_stable_homes_spread_over_the_caches() -> None:
+    from syntrop.routerd import scoring
+
+    providers = (A, B, C)
+
+    def first(home: str) -> str:
+        def affinity(provider: str, model: str) -> tuple[int, bool | None]:
+            return 0, True
+
+        return scoring.candidates("m", providers, {}, affinity=affinity, home=home)[0].provider
+
+    homes = {f"prefix-{i}": first(f"prefix-{i}") for i in range(30)}
+    assert set(homes.values()) == {"a", "b", "c"}
+    assert all(first(home) == chosen for home, chosen in homes.items())
+    # Without a home (a short chat): the scores, local first.
+    assert scoring.candidates("m", providers, {})[0].provider == "a"
