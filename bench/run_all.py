@@ -9,7 +9,7 @@ By default two of them, the bus (bench_bus) and the cold starts
 (bench_coldstart), about two minutes on 2 cores; `--all` runs every one of
 ALL below, each as its own process with its time limit (a run past it is
 stopped and reported, the others go on), and ends with a table of how each
-went: about 35 minutes here. Some need what a machine may lack (root for
+went: about 40 minutes here. Some need what a machine may lack (root for
 bench_toold's sandbox, a GPU for gpu_offload, which runs its dry run here):
 they say so themselves.
 
@@ -39,7 +39,8 @@ ALL = (
     ("bench_modeld.py", 300), ("bench_contextd.py", 300), ("bench_toold.py", 300),
     ("bench_routerd.py", 900), ("bench_sentry.py --live", 300), ("bench_runtimed.py", 600),
     ("bench_engine.py", 900), ("bench_constrain.py", 600), ("bench_batch.py", 300),
-    ("bench_speculative.py", 600), ("bench_fleet.py", 120), ("abuse.py", 600),
+    ("bench_speculative.py", 600), ("bench_fleet.py", 120), ("bench_affinity.py", 900),
+    ("abuse.py", 600),
     ("gpu_offload.py --dry-run --model {smollm2}", 120),
 )
 
