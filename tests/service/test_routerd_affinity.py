@@ -9,11 +9,14 @@ is routerd's x-syntrop-provider; every node's runtimed says what it holds
 
 import http.client
 import json
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import varlink
@@ -56,15 +59,20 @@ def held(runtimed: Activated) -> list[str]:
     return [d for m in models for d in (m.get("prefixes") or [])]
 
 
+Fleet = tuple[Cluster, dict[str, int], dict[str, Activated], dict[str, Activated]]
+
+
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, Activated]]]:
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """Three nodes on a three-member etcd cluster: their HTTP ports, their
+    runtimed and their routerd, by node."""
     cluster = Cluster(tmp_path)
-    cluster.names = ("e1",)
     with ExitStack() as stack:
         stack.callback(cluster.close)
-        cluster.start("e1")
-        wait("etcd healthy", lambda: cluster.healthy("e1"), 30)
-        ports, runtimes = {}, {}
+        for name in cluster.names:
+            cluster.start(name)
+        wait("etcd healthy", lambda: all(cluster.healthy(n) for n in cluster.names), 30)
+        ports, runtimes, routers = {}, {}, {}
         for name in ("a", "b", "c"):
             root = tmp_path / name
             (root / "config").mkdir(parents=True)
@@ -75,24 +83,27 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, A
                 f'[fleet]\netcd = {json.dumps(cluster.endpoints())}\nnode = "{name}"\n'
                 f'ttl = 3\nadvertise = "http://127.0.0.1:{ports[name]}/v1"\n')
             runtimes[name] = stack.enter_context(model_node(root, stack))
-            router = stack.enter_context(activated("routerd", root))
-            with varlink.Client(address=router.address) as client, \
-                    client.open("io.syntrop.Router1") as proxy:
-                proxy.GetStatus()  # started now, not by the first request
-        yield cluster, ports, runtimes
+            router = routers[name] = stack.enter_context(activated("routerd", root))
+            status(router)  # started now, not by the first request
+        wait("every node publishes its runtimed's cache", lambda: published(cluster), 30)
+        yield cluster, ports, runtimes, routers
 
 
-def test_each_prompt_has_a_home_and_goes_back_to_it(
-        fleet: tuple[Cluster, dict[str, int], dict[str, Activated]]) -> None:
-    cluster, ports, runtimes = fleet
-    (etcd,) = cluster.endpoints()
+def status(router: Activated) -> dict[str, Any]:
+    with varlink.Client(address=router.address) as client, \
+            client.open("io.syntrop.Router1") as proxy:
+        return dict(proxy.GetStatus())
 
-    def published() -> bool:
-        found = records(etcd)
-        return sorted(found) == ["a", "b", "c"] and all(
-            "smollm2" in (r.get("caches") or {}) for r in found.values())
 
-    wait("every node publishes its runtimed's cache", published, 30)
+def published(cluster: Cluster) -> bool:
+    found = records(cluster.endpoints()[0])
+    return sorted(found) == ["a", "b", "c"] and all(
+        "smollm2" in (r.get("caches") or {}) for r in found.values())
+
+
+def test_each_prompt_has_a_home_and_goes_back_to_it(fleet: Fleet) -> None:
+    cluster, ports, runtimes, _ = fleet
+    etcd = cluster.endpoints()[0]
     topics = ("rivers", "mountains", "forests")
     first: dict[str, tuple[float, str]] = {t: ask(ports["a"], t, "Which is oldest?")
                                            for t in topics}
@@ -115,3 +126,54 @@ def test_each_prompt_has_a_home_and_goes_back_to_it(
     assert {n: c["contexts"] for n, c in caches.items()} == {"a": 1, "b": 1, "c": 1}
     print(f"\n  first TTFT {[round(first[t][0], 2) for t in topics]} s, "
           f"again {[round(again[t][0], 2) for t in topics]} s; homes {homes}")
+
+
+COUNT = "Count from one to ten in words, separated by commas, then stop."
+
+
+def chat_body(topic: str, stream: bool) -> dict[str, Any]:
+    return {"model": "smollm2", "max_tokens": 96, "temperature": 0, "stream": stream,
+            "messages": [{"role": "system", "content": system(topic)},
+                         {"role": "user", "content": COUNT}]}
+
+
+def test_a_node_killed_mid_stream_is_continued_on_another_word_for_word(
+        fleet: Fleet) -> None:
+    """Real runtimed on every node: the stream goes on on another node from
+    the text already sent (its turn left open: continue_final_message), and
+    the client gets exactly the greedy answer an unbroken stream gives."""
+    _, ports, _, routers = fleet
+    # A prompt whose home is another node than a (a's routerd is the client's).
+    for topic in ("rivers", "mountains", "forests", "deserts", "oceans", "islands"):
+        connection = http.client.HTTPConnection("127.0.0.1", ports["a"], timeout=120)
+        connection.request("POST", "/v1/chat/completions",
+                           body=json.dumps(chat_body(topic, False)))
+        response = connection.getresponse()
+        whole = json.loads(response.read())["choices"][0]["message"]["content"]
+        home = str(response.getheader("x-syntrop-provider"))
+        connection.close()
+        if home.startswith("fleet:"):
+            break
+    assert home.startswith("fleet:") and len(whole) >= 20, (home, whole)
+    victim = home.removeprefix("fleet:")
+    connection = http.client.HTTPConnection("127.0.0.1", ports["a"], timeout=120)
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(chat_body(topic, True)))
+    response = connection.getresponse()
+    assert response.getheader("x-syntrop-provider") == home
+    text, comments, killed = "", [], False
+    while line := response.readline().decode():
+        if line.startswith(":"):
+            comments.append(line)
+        elif line.startswith("data: {"):
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+            if not killed and len(text) >= 6:
+                os.kill(routers[victim].process.pid, signal.SIGKILL)
+                routers[victim].process.wait()
+                killed = True
+    connection.close()
+    assert killed and any("continued on" in c for c in comments), comments
+    assert text == whole, (text, whole)
+    # And the fleet drops the dead node within its TTL (3 s), plus a renewal.
+    wait("a drops the killed node", lambda: victim not in status(routers["a"])["fleet_members"],
+         8)

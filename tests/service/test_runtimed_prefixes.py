@@ -62,3 +62,31 @@ def test_chats_find_their_prefix_resident_and_runtimed_says_which(
     assert cache(runtimed)["prefixes"] == sorted(reported(again) + reported(b))
     # ~500 tokens of prefill against one: an order of magnitude at least.
     assert warm * 5 < cold, (warm, cold)
+
+
+def pieces(runtimed: Activated, turns: list[tuple[str, str]], max_tokens: int,
+           **extra: Any) -> list[str]:
+    """The text of each reply of a greedy chat."""
+    with varlink.Client(address=runtimed.address) as client, client.open(RUNTIME) as proxy:
+        replies = list(proxy.Chat(
+            model="smollm2", messages=[{"role": r, "content": c} for r, c in turns],
+            sampling={"max_tokens": max_tokens, "temperature": 0}, _more=True, **extra))
+    return [r["chunk"]["text"] for r in replies if r["chunk"]["text"]]
+
+
+def test_a_chat_continues_an_answer_begun_where_it_stopped(runtimed: Activated) -> None:
+    """What a stream resumed on another node asks (routerd's continuation):
+    the answer so far as an open assistant turn, and the model goes on with
+    it; greedy, that is the rest of the answer it would have given."""
+    ask = [("user", "Count from one to twenty in words, separated by commas.")]
+    whole = pieces(runtimed, ask, 24)
+    begun = "".join(whole[:8])
+    rest = "".join(pieces(runtimed, [*ask, ("assistant", begun)], 16, continue_last=True))
+    assert begun + rest == "".join(whole), (begun, rest, whole)
+    # Without it, the answer begun is a closed turn: the model answers anew.
+    anew = "".join(pieces(runtimed, [*ask, ("assistant", begun)], 16))
+    assert begun + anew != "".join(whole)
+    with pytest.raises(varlink.VarlinkError) as caught:
+        pieces(runtimed, ask, 4, continue_last=True)  # nothing begun to continue
+    assert caught.value.error() == "org.varlink.service.InvalidParameter"
+    assert caught.value.parameters() == {"parameter": "continue_last"}

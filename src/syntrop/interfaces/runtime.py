@@ -772,6 +772,7 @@ class Runtime1(Interface, name=NAME):
     def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
         constraint: Constraint | None = None, priority: str | None = None,
+        continue_last: bool | None = None,
     ) -> AsyncIterator[Chunk]:
         """Answer a chat with the model's own template. Call with "more".
 
@@ -781,6 +782,9 @@ class Runtime1(Interface, name=NAME):
             sampling: How to pick tokens.
             constraint: What the output must be; null for free text.
             priority: As Complete's.
+            continue_last: The last message is an answer begun (role
+                assistant): continue it, its turn left open, rather than
+                answer after it (a stream resumed on another node).
 
         Returns:
             chunk: The next piece of the answer.

@@ -52,7 +52,7 @@ Cached = tuple[str, str, list[str], int, int]
 
 class Fleet:
     def __init__(self, config: FleetConfig,
-                 on_members: Callable[[tuple[ProviderConfig, ...], frozenset[str],
+                 on_members: Callable[[tuple[ProviderConfig, ...], dict[str, float],
                                        tuple[Cached, ...]], None],
                  load: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.config = config
@@ -213,10 +213,11 @@ class Fleet:
                     continue
         return tuple(found)
 
-    def full(self) -> frozenset[str]:
-        """Members that published no free slot (their runtimed is full)."""
-        return frozenset(f"fleet:{node}" for node, record in self.members.items()
-                         if record.get("free_slots") == 0)
+    def full(self) -> dict[str, float]:
+        """Members that published no free slot (their runtimed is full), and
+        when they published it (epoch seconds)."""
+        return {f"fleet:{node}": float(record.get("published") or 0.0)
+                for node, record in self.members.items() if record.get("free_slots") == 0}
 
     def free_slots(self, provider_id: str) -> int | None:
         """What member `provider_id` (fleet:NODE) last published of its free

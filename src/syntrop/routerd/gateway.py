@@ -163,13 +163,19 @@ def _continuation(endpoint: str, request: dict[str, Any], sent: str,
     if endpoint == "completions":
         body = {**request, "prompt": request["prompt"] + sent}
     else:
-        body = {**request, "messages": [*request["messages"],
-                                        {"role": "assistant", "content": sent}]}
+        # Providers that can (`continues`) get continue_final_message: the
+        # answer's turn left open, so the model goes on with it instead of
+        # answering it (open_stream decides, per candidate).
+        body = {**request, CONTINUATION: True,
+                "messages": [*request["messages"], {"role": "assistant", "content": sent}]}
     for name in ("max_tokens", "max_completion_tokens"):
         if body.get(name):
             body[name] = max(1, body[name] - chunks)
     return body
 
+
+#: The gateway's own mark of a chat continuation; never sent on.
+CONTINUATION = "_syntrop_continuation"
 
 _Opened = tuple[scoring.Scored, str | None, AsyncIterator[str]]
 
@@ -291,6 +297,7 @@ class _Relay:
             await self._close_chunks()
         finally:
             self.gateway.release(self.current)
+            self.gateway.ended(self.current.provider)
             self.gateway.admission.leave(self.kind)
             self.gateway.changed()
 
@@ -312,8 +319,12 @@ class Gateway:
         self._discovered_at = float("-inf")
         self._discovering: asyncio.Task[None] | None = None
         self.pressure = pressure or Pressure(config.psi_threshold, path=config.psi_file)
-        #: runtimed providers without a free slot at the last look.
-        self.full: set[str] = set()
+        #: runtimed providers without a free slot at the last look, and when
+        #: they were looked at (epoch seconds).
+        self.full: dict[str, float] = {}
+        #: When a request to each provider last ended (epoch seconds): a
+        #: "no free slot" seen before it may have been that request's own.
+        self.ended_at: dict[str, float] = {}
         #: runtimed providers' free slots at the last look (None: unknown).
         self.free_slots: dict[str, int | None] = {}
         self._load_at = float("-inf")
@@ -322,7 +333,7 @@ class Gateway:
         #: The other nodes of the fleet, as peer providers (fleet.py sets them).
         self.fleet: tuple[ProviderConfig, ...] = ()
         self._fleet_seen: object = None
-        self.fleet_full: frozenset[str] = frozenset()
+        self.fleet_full: dict[str, float] = {}
         #: Which provider holds which chat prefix (affinity.py).
         self.affinity = Affinity()
         #: Called when a request ends (the fleet publishes the load anew).
@@ -342,7 +353,7 @@ class Gateway:
         self.set_fleet(fleet)
 
     def set_fleet(self, members: tuple[ProviderConfig, ...],
-                  full: frozenset[str] = frozenset(),
+                  full: dict[str, float] | None = None,
                   caches: tuple[tuple[str, str, list[str], int, int], ...] = ()) -> None:
         """The fleet's other nodes now (from etcd): new ones become peer
         providers, gone ones are dropped, unchanged ones keep their
@@ -350,7 +361,7 @@ class Gateway:
         free slot, throttled like a full local runtimed. `caches`: what
         their runtimed holds, as (provider, model, prefixes, contexts,
         capacity)."""
-        self.fleet_full = full
+        self.fleet_full = full or {}
         before = {p.id: p for p in self.fleet}
         for member in before.values():
             self.affinity.forget(member.id)
@@ -453,7 +464,17 @@ class Gateway:
         local runtimed without a free slot."""
         self._look_at_load()
         self._look_at_peers()
-        return self.pressure.high() or bool(self.full)
+        return self.pressure.high() or bool(self._busy(self.full))
+
+    def _busy(self, full: dict[str, float]) -> frozenset[str]:
+        """Of providers seen without a free slot, those seen so after our
+        last request to them ended (else the slot was likely its own)."""
+        return frozenset(p for p, at in full.items()
+                         if at > self.ended_at.get(p, float("-inf")))
+
+    def ended(self, provider: str) -> None:
+        """A request to `provider` ended."""
+        self.ended_at[provider] = time.time()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         try:
@@ -524,15 +545,16 @@ class Gateway:
         for config in locals_:
             provider = self.providers.get(config.id)
             probe = getattr(provider, "load", None)
+            asked = time.time()
             load = await probe() if probe is not None else None
             free = None if load is None else int(load["free_slots"])
             self.free_slots[config.id] = free
             if load is not None:
                 self._report_caches(config.id, load)
             if free == 0:
-                self.full.add(config.id)
+                self.full[config.id] = asked
             else:
-                self.full.discard(config.id)
+                self.full.pop(config.id, None)
 
     def _report_caches(self, provider: str, load: Any) -> None:
         """What a runtimed's load says its KV caches hold, per model it
@@ -564,7 +586,8 @@ class Gateway:
         # A prefix worth keeping has a home: its first turn's digest says where.
         home = chain[0][0] if chain and chain[-1][1] >= scoring.AFFINITY_STEP else None
         return scoring.candidates(model, providers, self.health, prompt_tokens, now,
-                                  self.breakers, self.throttled(), self.fleet_full, affinity,
+                                  self.breakers, self.throttled(), self._busy(self.fleet_full),
+                                  affinity,
                                   home)
 
     def chain(self, endpoint: str, request: dict[str, Any],
@@ -747,6 +770,7 @@ class Gateway:
             try:
                 answer = await provider.complete(endpoint, {**request, "model": candidate.model})
             except ProviderError as failure:
+                self.ended(candidate.provider)
                 if not failure.retryable:
                     breaker.release()
                     return self._failed(failure)
@@ -756,7 +780,9 @@ class Gateway:
                 continue
             except BaseException:
                 breaker.release()
+                self.ended(candidate.provider)
                 raise
+            self.ended(candidate.provider)
             self.succeeded(candidate, (time.monotonic() - started) * 1000)
             self.affinity.routed(candidate.provider, candidate.model, chain)
             body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
@@ -773,8 +799,11 @@ class Gateway:
             if not breaker.acquire(time.monotonic()):
                 continue
             started = time.monotonic()
-            chunks = self.providers[candidate.provider].stream(
-                endpoint, {**request, "model": candidate.model})
+            provider = self.providers[candidate.provider]
+            body = {**request, "model": candidate.model}
+            if body.pop(CONTINUATION, False) and getattr(provider, "continues", False):
+                body["continue_final_message"] = True
+            chunks = provider.stream(endpoint, body)
             try:
                 first: str | None = await chunks.__anext__()
             except StopAsyncIteration:

@@ -259,9 +259,15 @@ class Engine:
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         return list(self._llama.tokenize(text.encode(), add_bos=add_bos, special=special))
 
-    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> tuple[list[int], tuple[str, ...]]:
+    def chat_prompt(self, messages: Sequence[tuple[str, str]], *, continue_last: bool = False,
+                    ) -> tuple[list[int], tuple[str, ...]]:
         """Render a chat with the model's own template (GGUF metadata
-        `tokenizer.chat_template`), tokenized, and the template's stops."""
+        `tokenizer.chat_template`), tokenized, and the template's stops.
+        With `continue_last`, the last message (an assistant's answer begun)
+        is left open: rendered without a generation prompt and cut right
+        after its text, so generation continues it (what transformers calls
+        continue_final_message); ValueError when the rendered chat does not
+        hold that text as given."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = self.metadata.get("tokenizer.chat_template")
@@ -273,9 +279,16 @@ class Engine:
             template=template,
             eos_token=model.token_get_text(eos) if eos != -1 else "",
             bos_token=model.token_get_text(bos) if bos != -1 else "",
+            add_generation_prompt=not continue_last,
         )
         turns: Any = [{"role": r, "content": c} for r, c in messages]
         response = formatter(messages=turns)
+        if continue_last:
+            text = messages[-1][1]
+            at = response.prompt.rfind(text) if text else -1
+            if at < 0:
+                raise ValueError("the chat template does not show the answer to continue")
+            response.prompt = response.prompt[:at + len(text)]
         stop = response.stop
         stops = tuple(s for s in ([stop] if isinstance(stop, str) else stop or []) if s)
         tokens = self.tokenize(response.prompt, add_bos=not response.added_special)

@@ -207,11 +207,15 @@ class Host:
         if "messages" in args:
             turns = [(str(role), str(content)) for role, content in args["messages"]]
 
+            open_last = bool(args.get("continue_last"))
+
             def prompt(engine: Engine) -> tuple[list[int], tuple[str, ...]]:
                 try:
-                    return engine.chat_prompt(turns)
+                    return engine.chat_prompt(turns, continue_last=open_last)
                 except LoadError as error:
                     raise InvalidModel(model=pool.name, reason=error.reason) from None
+                except ValueError:
+                    raise InvalidParameter(parameter="continue_last") from None
         else:
             text = str(args["prompt"])
 

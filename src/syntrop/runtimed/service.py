@@ -475,13 +475,19 @@ class RuntimeService(Runtime1):
     async def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
         constraint: Constraint | None = None, priority: str | None = None,
+        continue_last: bool | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
         if not messages or len(messages) > MAX_MESSAGES:
             raise InvalidParameter(parameter="messages")
         if any(m.role not in ROLES or len(m.content) > MAX_TEXT for m in messages):
             raise InvalidParameter(parameter="messages")
+        if continue_last and (messages[-1].role != "assistant" or not messages[-1].content):
+            raise InvalidParameter(parameter="continue_last")
         turns = [[m.role, m.content] for m in messages]
-        async for reply in self._generate(model, sampling, {"messages": turns}, constraint,
+        prompt: dict[str, Any] = {"messages": turns}
+        if continue_last:
+            prompt["continue_last"] = True
+        async for reply in self._generate(model, sampling, prompt, constraint,
                                           "Chat", priority):
             yield reply
 

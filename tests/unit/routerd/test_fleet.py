@@ -65,7 +65,7 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     assert (member.id, member.kind, member.tier, member.endpoint, member.models,
             member.tls_ca) == ("fleet:b", "peer", "lan", "http://b:1/v1", ("m",), "/ca.pem")
     assert fleet.free_slots("fleet:b") == 0 and fleet.free_slots("fleet:x") is None
-    assert fleet.full() == {"fleet:b"}  # published no free slot: throttled
+    assert set(fleet.full()) == {"fleet:b"}  # published no free slot: throttled
     # What its runtimed holds, for affinity; a malformed entry is left out.
     assert fleet.caches() == (("fleet:b", "m", ["0123456789abcdef"], 1, 4),)
 

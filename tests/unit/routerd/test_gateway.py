@@ -54,3 +54,30 @@ def test_continuation_replays_the_prompt_with_the_text_sent() -> None:
     assert "max_tokens" not in completion
     assert _continuation("completions", {"prompt": "x", "max_tokens": 2}, "abc", 5)[
         "max_tokens"] == 1
+
+
+def test_no_free_slot_seen_before_our_own_request_ended_is_not_believed() -> None:
+    """runtimed is looked at once a second (a fleet member publishes about
+    as often): a 'no free slot' seen while our own request held the slot
+    must not send the next request elsewhere."""
+    async def main() -> list[list[str]]:
+        gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)),
+                          Paths.from_environment(),
+                          pressure=Pressure(25.0, read=lambda: 0.0))
+        slots = Slots()
+        gateway.providers["local"] = slots  # type: ignore[assignment]
+        orders = []
+        gateway._load_at = float("-inf")
+        gateway.throttled()  # sees no free slot (our request holds it)
+        await asyncio.gather(*gateway._tasks)
+        orders.append([c.provider for c in gateway.route("m")])
+        gateway.ended("local")  # that request ended
+        orders.append([c.provider for c in gateway.route("m")])
+        gateway._load_at = float("-inf")
+        gateway.throttled()  # full again, seen after: believed
+        await asyncio.gather(*gateway._tasks)
+        orders.append([c.provider for c in gateway.route("m")])
+        return orders
+
+    assert asyncio.run(main()) == [["remote", "local"], ["local", "remote"],
+                                   ["remote", "local"]]

@@ -14,6 +14,8 @@ from syntrop.routerd.providers.openai import OpenAIProvider
 class PeerProvider(OpenAIProvider):
     #: The peer serves what we forward with its own providers (http.py).
     headers = ((b"x-syntrop-forwarded", b"1"),)
+    #: It continues an answer begun (continue_final_message), as runtimed.
+    continues = True
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

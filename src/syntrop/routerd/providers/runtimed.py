@@ -186,6 +186,9 @@ class _Whole:
 
 
 class RuntimedProvider:
+    #: Continues an answer begun (continue_final_message: Chat's continue_last).
+    continues = True
+
     def __init__(self, config: ProviderConfig, paths: Paths) -> None:
         from syntrop.interfaces.runtime import NAME
 
@@ -224,9 +227,12 @@ class RuntimedProvider:
             try:
                 if endpoint == "chat/completions":
                     messages = [ChatMessage(role=role, content=text) for role, text in turns]
+                    open_last = bool(body.get("continue_final_message")) and \
+                        bool(turns) and turns[-1][0] == "assistant"
                     replies = client.Chat(model=body["model"], messages=messages,
                                           sampling=_sampling(endpoint, body),
-                                          constraint=_constraint(body, plan))
+                                          constraint=_constraint(body, plan),
+                                          continue_last=True if open_last else None)
                 else:
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
                                               sampling=_sampling(endpoint, body))
