@@ -90,3 +90,30 @@ def test_a_chat_continues_an_answer_begun_where_it_stopped(runtimed: Activated) 
         pieces(runtimed, ask, 4, continue_last=True)  # nothing begun to continue
     assert caught.value.error() == "org.varlink.service.InvalidParameter"
     assert caught.value.parameters() == {"parameter": "continue_last"}
+
+
+def test_a_sessions_declared_prompt_format_is_checked_against_the_model(
+        runtimed: Activated) -> None:
+    """SmolLM2's template is ChatML: a session that says it writes ChatML
+    opens, one that says Gemma does not, nor one that names no known format."""
+    def open_session(prompt_format: str | None) -> Any:
+        config = {"n_ctx": None, "n_batch": None, "n_threads": None, "n_gpu_layers": None,
+                  "flash_attn": None, "kv_cache_type": None, "prompt_format": prompt_format,
+                  "disable_bos": None}
+        with varlink.Client(address=runtimed.address) as client, \
+                client.open(RUNTIME) as proxy:
+            opened = proxy.OpenSession(owner_instance_id=f"fmt-{prompt_format}",
+                                       model="smollm2", config=config)
+            proxy.Close(session_id=opened["session_id"])
+            return opened
+
+    assert open_session("chatml")["session_id"]
+    assert open_session("raw")["session_id"]
+    for wrong in ("gemma", "klingon"):
+        with pytest.raises(varlink.VarlinkError) as caught:
+            open_session(wrong)
+        assert caught.value.parameters() == {"parameter": "config.prompt_format"}, wrong
+    # A refused session holds nothing: every slot is free.
+    with varlink.Client(address=runtimed.address) as client, client.open(RUNTIME) as proxy:
+        load = proxy.GetLoad()
+    assert load["free_slots"] == load["total_slots"]

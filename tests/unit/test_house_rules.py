@@ -7,7 +7,7 @@ functions included, read with ast.
 - no daemon package imports httpx (routerd's HTTP is h11 in a 32 MiB daemon;
   pulls are the syn command's: syntrop.pull);
 - no daemon imports syn pull's client side (syntrop.pull) or the CLIs;
-- shared modules (interfaces, varlink, system, config, modelfile) import no
+- shared modules (interfaces, varlink, system, config, modelfile, prefix) import no
   daemon and no CLI.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "syntrop"
 DAEMONS = ("inferenced", "modeld", "runtimed", "contextd", "toold", "sentry", "routerd")
-SHARED = ("interfaces", "varlink", "system", "config", "modelfile")
+SHARED = ("interfaces", "varlink", "system", "config", "modelfile", "prefix")
 
 
 def imports() -> list[tuple[str, str, int]]:

@@ -29,7 +29,11 @@ class SessionConfig:
         flash_attn: Use flash attention.
         kv_cache_type: KV-cache element type: f16 (also empty or null), q8_0
             or q4_0; the quantised types turn on flash attention.
-        prompt_format: Prompt format declared by the profile, e.g. chatml.
+        prompt_format: The prompt format the session's text is written in:
+            chatml, gemma, llama3, mistral or raw; null says nothing.
+            Checked against the model's chat template when the session
+            opens: a model whose template writes another format is
+            InvalidParameter config.prompt_format (raw is not checked).
         disable_bos: Do not add a BOS token.
         lora: A LoRA adapter for this session: its name in modeld. Checked
             against the model (architecture, shapes, base name) before any

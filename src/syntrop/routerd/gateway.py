@@ -1,36 +1,37 @@
-"""The OpenAI API of routerd: validation, routing (breakers, offload,
-admission), retry before the first token, continuation of a stream that
-fails midway, OpenAI-shaped errors, metrics. Transport-free: http.py feeds
+"""routerd's gateway: routing (scores, prefix affinity, breakers, offload,
+admission), retry before the first token, the endpoints, and the counters
+/metrics shows. The OpenAI shapes and checks are api.py's; a stream's relay
+and its continuation mid-answer, relay.py's. Transport-free: http.py feeds
 it requests."""
 
 import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from syntrop.config import Paths
 from syntrop.routerd import scoring
 from syntrop.routerd.affinity import Affinity
+from syntrop.routerd.api import (
+    ENDPOINTS,
+    BadRequest,
+    Response,
+    check,
+    error,
+    ok,
+    prompt_tokens,
+    served_by,
+)
 from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import REGISTRY, Provider, ProviderError
 from syntrop.routerd.queues import USER, Admission
-from syntrop.routerd.sse import event
+from syntrop.routerd.relay import CONTINUATION, Opened, Relay
 
 logger = logging.getLogger(__name__)
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
-               404: "invalid_request_error",
-               405: "invalid_request_error", 408: "invalid_request_error",
-               413: "invalid_request_error", 502: "api_error", 503: "api_error",
-               504: "api_error"}
-ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
-             "/v1/embeddings": "embeddings"}
-#: Most choices one request may ask for (n).
-MAX_N = 8
 #: Seconds between two looks at runtimed's free slots.
 LOAD_INTERVAL = 1.0
 #: Seconds between two asks for a LAN peer's advertisement.
@@ -40,266 +41,6 @@ DISCOVERY_TIMEOUT = 5.0
 #: Least seconds between two asks for the model lists of providers that
 #: have no configured list (a model pulled since is served without Reload).
 REDISCOVER_INTERVAL = 2.0
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    stream: AsyncIterator[bytes] | None = None
-    #: Called once the response is sent or abandoned (a stream's resources).
-    closer: Callable[[], Awaitable[None]] | None = None
-    #: More response headers.
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-
-
-def error(status: int, message: str, code: str | None = None,
-          param: str | None = None) -> Response:
-    payload = {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"),
-                         "param": param, "code": code}}
-    return Response(status, json.dumps(payload).encode())
-
-
-def unauthorized() -> Response:
-    """401 in OpenAI's words, for a request without a configured API key."""
-    response = error(401, "no valid API key: send Authorization: Bearer KEY with a key "
-                     "routerd is configured with", "invalid_api_key")
-    response.headers = ((b"www-authenticate", b'Bearer realm="routerd"'),)
-    return response
-
-
-def _served_by(candidate: scoring.Scored) -> tuple[tuple[bytes, bytes], ...]:
-    """Which provider answers (a stream continued elsewhere says where it
-    began)."""
-    return ((b"x-syntrop-provider", candidate.provider.encode()),)
-
-
-def ok(payload: Any) -> Response:
-    return Response(200, json.dumps(payload).encode())
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _check(endpoint: str, body: Any) -> None:
-    """Types of the parameters routerd reads; the rest pass through."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    if "model" in body and not isinstance(body["model"], str):
-        raise BadRequest("model must be a string", "model")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest("stream must be a boolean", "stream")
-    if endpoint == "embeddings":
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(
-                isinstance(t, str) for t in texts):
-            raise BadRequest("input must be a string or a non-empty list of strings", "input")
-        if body.get("encoding_format", "float") not in ("float", "base64"):
-            raise BadRequest("encoding_format must be float or base64", "encoding_format")
-        if body.get("stream"):
-            raise BadRequest("embeddings are not streamed", "stream")
-    elif endpoint == "chat/completions":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise BadRequest("messages must be a non-empty list of objects with a role",
-                             "messages")
-    elif not isinstance(body.get("prompt"), str):
-        raise BadRequest("prompt must be a string", "prompt")
-    for name in ("max_tokens", "max_completion_tokens", "seed"):
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or (name != "seed" and value < 1)):
-            raise BadRequest(f"{name} must be a positive integer", name)
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not 0 <= value <= 2):
-            raise BadRequest(f"{name} must be a number between 0 and 2", name)
-    n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N):
-        raise BadRequest(f"n must be an integer from 1 to {MAX_N}", "n")
-    if "response_format" in body:
-        _check_response_format(body["response_format"])
-
-
-def _check_response_format(value: Any) -> None:
-    """OpenAI's response_format: text, json_object, or json_schema with a
-    schema object (strict is accepted: runtimed's constraint is always
-    strict)."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("text", "json_object", "json_schema"):
-        raise BadRequest("response_format.type must be text, json_object or json_schema",
-                         "response_format")
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict) \
-                or not isinstance(spec.get("name", ""), str):
-            raise BadRequest("response_format.json_schema must be an object with a name and a "
-                             "schema object", "response_format")
-
-
-def _prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """A cheap estimate: four characters a token."""
-    if endpoint == "completions":
-        return len(body["prompt"]) // 4 + 1
-    if endpoint == "embeddings":
-        texts = body["input"]
-        return sum(map(len, [texts] if isinstance(texts, str) else texts)) // 4 + 1
-    return sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4 + 1
-
-
-def _continuation(endpoint: str, request: dict[str, Any], sent: str,
-                  chunks: int) -> dict[str, Any]:
-    """The request that continues an answer of which `sent` went out: the
-    prompt replayed with the text already sent, the token budget reduced by
-    the chunks already sent (about one token each)."""
-    if endpoint == "completions":
-        body = {**request, "prompt": request["prompt"] + sent}
-    else:
-        # Providers that can (`continues`) get continue_final_message: the
-        # answer's turn left open, so the model goes on with it instead of
-        # answering it (open_stream decides, per candidate).
-        body = {**request, CONTINUATION: True,
-                "messages": [*request["messages"], {"role": "assistant", "content": sent}]}
-    for name in ("max_tokens", "max_completion_tokens"):
-        if body.get(name):
-            body[name] = max(1, body[name] - chunks)
-    return body
-
-
-#: The gateway's own mark of a chat continuation; never sent on.
-CONTINUATION = "_syntrop_continuation"
-
-_Opened = tuple[scoring.Scored, str | None, AsyncIterator[str]]
-
-
-class _Relay:
-    """One streamed answer on its way to the client: chunks relayed as they
-    come; when the provider fails after the first chunk and the answer is
-    plain text, the same stream continues from the next candidate (the
-    prompt replayed with the text already sent), announced by an SSE
-    comment. The client sees one coherent stream: the first provider's id,
-    created and model, no role twice, no text lost or repeated."""
-
-    def __init__(self, gateway: "Gateway", endpoint: str, request: dict[str, Any],
-                 candidates: list[scoring.Scored], current: scoring.Scored,
-                 first: str | None, chunks: AsyncIterator[str], kind: str) -> None:
-        self.gateway, self.endpoint, self.request = gateway, endpoint, request
-        self.candidates, self.current, self.kind = candidates, current, kind
-        self.first, self.chunks = first, chunks
-        self.sent: list[str] = []
-        self.count = 0
-        self.identity: dict[str, Any] | None = None
-        self.finished = False
-        #: Tool calls are never replayed: the request offers tools, or the
-        #: answer has begun to call one.
-        self.tools = bool(request.get("tools") or request.get("functions"))
-        self.closed = False
-
-    def _track(self, data: str, continued: bool) -> str | None:
-        """Note what `data` carries; on a continuation, the chunk as the
-        client should see it (None: nothing to send)."""
-        try:
-            chunk = json.loads(data)
-            choice = chunk["choices"][0] if chunk.get("choices") else {}
-        except (ValueError, TypeError, AttributeError, KeyError):
-            self.tools = True  # not understood: not safe to replay
-            return data
-        if self.identity is None:
-            self.identity = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if isinstance(delta, dict) and (delta.get("tool_calls") or delta.get("function_call")):
-            self.tools = True
-        text = (delta or {}).get("content") if self.endpoint == "chat/completions" else (
-            choice.get("text") if isinstance(choice, dict) else None)
-        if isinstance(text, str) and text:
-            self.sent.append(text)
-            self.count += 1
-        if isinstance(choice, dict) and choice.get("finish_reason"):
-            self.finished = True
-        if not continued:
-            return data
-        chunk.update(self.identity)
-        if isinstance(delta, dict):
-            delta.pop("role", None)
-            if not delta and not choice.get("finish_reason"):
-                return None
-        return json.dumps(chunk)
-
-    async def run(self) -> AsyncIterator[bytes]:
-        continued = False
-        try:
-            if self.first is not None:
-                line = self._track(self.first, False)
-                if line is not None:
-                    yield event(line)
-            while self.first is not None:
-                try:
-                    async for data in self.chunks:
-                        line = self._track(data, continued)
-                        if line is not None:
-                            yield event(line)
-                    break
-                except Exception as caught:  # any provider failure: continue elsewhere
-                    failure = caught if isinstance(caught, ProviderError) else ProviderError(
-                        502, f"provider failed: {caught!r}")
-                    failed = self.current
-                    logger.warning("provider %s failed mid-stream: %s", failed.provider,
-                                   failure.message)
-                    self.gateway.failed(failed)
-                    await self._close_chunks()
-                    if self.finished:
-                        break  # the answer was complete; only [DONE] was missing
-                    if self.tools:
-                        yield self._error(failure.message)
-                        break
-                    again = await self.gateway.open_stream(
-                        self.endpoint, _continuation(self.endpoint, self.request,
-                                                     "".join(self.sent), self.count),
-                        [c for c in self.candidates if c.provider != failed.provider])
-                    if isinstance(again, ProviderError):
-                        yield self._error(f"{failure.message}; no provider could continue")
-                        break
-                    self.candidates = [c for c in self.candidates
-                                       if c.provider != failed.provider]
-                    self.current, first, self.chunks = again
-                    self.gateway.continuations += 1
-                    yield (f": routerd: {failed.provider} failed mid-stream; continued on "
-                           f"{self.current.provider} from the text already sent\n\n").encode()
-                    continued = True
-                    if first is not None:
-                        line = self._track(first, True)
-                        if line is not None:
-                            yield event(line)
-            yield b"data: [DONE]\n\n"
-        finally:
-            await self.close()
-
-    def _error(self, message: str) -> bytes:
-        return event(json.dumps({"error": {"message": message, "type": "api_error",
-                                           "param": None, "code": "upstream_error"}}))
-
-    async def _close_chunks(self) -> None:
-        await self.chunks.aclose()  # type: ignore[attr-defined]
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            await self._close_chunks()
-        finally:
-            self.gateway.release(self.current)
-            self.gateway.ended(self.current.provider)
-            self.gateway.admission.leave(self.kind)
-            self.gateway.changed()
 
 
 class Gateway:
@@ -711,7 +452,7 @@ class Gateway:
         except (ValueError, UnicodeDecodeError):
             return error(400, "the request body is not valid JSON", "invalid_json")
         try:
-            _check(endpoint, request)
+            check(endpoint, request)
         except BadRequest as bad:
             return error(400, str(bad), "invalid_value", bad.param)
         model = request.get("model") or self.default_model()
@@ -729,7 +470,7 @@ class Gateway:
         stream = None
         try:
             chain = self.chain(endpoint, request, model)
-            candidates = await self._usable(model, _prompt_tokens(endpoint, request), deadline,
+            candidates = await self._usable(model, prompt_tokens(endpoint, request), deadline,
                                             chain, forwarded)
             if isinstance(candidates, Response):
                 return candidates
@@ -740,10 +481,10 @@ class Gateway:
                 return self._failed(opened)
             current, first, chunks = opened
             self.affinity.routed(current.provider, current.model, chain)
-            stream = _Relay(self, endpoint, request, candidates, current, first, chunks,
+            stream = Relay(self, endpoint, request, candidates, current, first, chunks,
                             traffic)
             return Response(200, content_type="text/event-stream", stream=stream.run(),
-                            headers=_served_by(current),
+                            headers=served_by(current),
                             closer=stream.close)
         finally:
             if stream is None:
@@ -786,11 +527,11 @@ class Gateway:
             self.succeeded(candidate, (time.monotonic() - started) * 1000)
             self.affinity.routed(candidate.provider, candidate.model, chain)
             body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
-            return Response(200, body, headers=_served_by(candidate))
+            return Response(200, body, headers=served_by(candidate))
         return self._failed(last)
 
     async def open_stream(self, endpoint: str, request: dict[str, Any],
-                          candidates: list[scoring.Scored]) -> "_Opened | ProviderError":
+                          candidates: list[scoring.Scored]) -> "Opened | ProviderError":
         """The first candidate that answers a first chunk: it, the chunk
         and the rest; or the last failure."""
         last = ProviderError(502, "no provider answered")

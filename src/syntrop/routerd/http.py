@@ -10,8 +10,9 @@ from typing import Any
 
 import h11
 
+from syntrop.routerd.api import Response, error, unauthorized
 from syntrop.routerd.config import Config, parse_address
-from syntrop.routerd.gateway import Gateway, Response, error, unauthorized
+from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.queues import TRIAGE, USER
 
 logger = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from syntrop.runtimed.engine import KV_TYPES, Options
 from syntrop.runtimed.host import wire_params
 from syntrop.runtimed.residency import check_name
 from syntrop.runtimed.sampling import Params, SamplingError, validate
+from syntrop.runtimed.sessions import PROMPT_FORMATS
 from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
@@ -149,6 +150,17 @@ def decoding(params: Params, compiled: "constrain.Constraint | None",
             "constraint": asdict(compiled) if compiled is not None else None,
             "speculative": None if spec is None else {"draft": spec.draft,
                                                       "draft_max": spec.draft_max}}
+
+
+def prompt_format(config: SessionConfig | None) -> str | None:
+    """The prompt format a session declares (sessions.PROMPT_FORMATS), or
+    None; the worker checks it against the model's template."""
+    declared = config.prompt_format if config is not None else None
+    if declared in (None, ""):
+        return None
+    if declared not in PROMPT_FORMATS:
+        raise InvalidParameter(parameter="config.prompt_format")
+    return declared
 
 
 def window(config: SessionConfig | None, n_ctx: int) -> tuple[int | None, "Journal | None"]:

@@ -412,6 +412,11 @@ class Host:
                     lora_fd=fds[0] if fds else None, lora_scale=float(args.get("lora_scale", 1.0)))
         try:
             engine = self._new_context(seat, str(args.get("lora") or ""))
+            declared = args.get("prompt_format")
+            if declared not in (None, "raw") and sessions_mod.template_format(
+                    engine.metadata.get("tokenizer.chat_template")) != declared:
+                engine.close()
+                raise InvalidParameter(parameter="config.prompt_format")
             if args.get("sinks") is not None:
                 from syntrop.runtimed.sinks import Journal, Window
 

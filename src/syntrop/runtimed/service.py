@@ -567,6 +567,7 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="owner_instance_id")
         options = checks.options(config, self.config)
         sinks, journal = checks.window(config, options.n_ctx)
+        prompt_format = checks.prompt_format(config)
         lora = config.lora if config else None
         scale = config.lora_scale if config and config.lora_scale is not None else 1.0
         if not 0.0 <= scale <= 4.0:
@@ -589,14 +590,15 @@ class RuntimeService(Runtime1):
             raise
         session = await _completed(
             self._open_session(resident, owner_instance_id, model, options, config,
-                               sinks, journal, lora, scale, lora_fd),
+                               sinks, journal, lora, scale, lora_fd, prompt_format),
             undo=self._abandoned)
         return {"session_id": session.session_id, "owner_instance_id": owner_instance_id}
 
     async def _open_session(self, resident: Resident, owner: str, model: str, options: Options,
                             config: SessionConfig | None, sinks: int | None,
                             journal: "Journal | None", lora: str | None, scale: float,
-                            lora_fd: int | None) -> sessions_mod.Session[Seat]:
+                            lora_fd: int | None, prompt_format: str | None = None,
+                            ) -> sessions_mod.Session[Seat]:
         """The worker's context for a new session (the caller holds a slot
         and the model; both are given back on failure), and its entry. Owns
         `lora_fd` (the worker gets a copy)."""
@@ -604,7 +606,8 @@ class RuntimeService(Runtime1):
         try:
             result = await self._call(
                 resident, "open", {"session": session_id, "options": asdict(options),
-                                   "lora": lora, "lora_scale": scale, "sinks": sinks},
+                                   "lora": lora, "lora_scale": scale, "sinks": sinks,
+                                   "prompt_format": prompt_format},
                 [lora_fd] if lora_fd is not None else [], label="OpenSession")
             if not resident.worker.alive:  # died right after answering
                 raise crashed(model, WorkerGone(model, resident.worker.exit,

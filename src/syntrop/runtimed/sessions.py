@@ -55,6 +55,23 @@ def manifest_digest(manifest: Mapping[str, object]) -> str:
     return "sha256:" + sha256_hex(text.encode())
 
 
+#: Prompt formats a session may declare (SessionConfig.prompt_format), by
+#: the marker a chat template of that format writes; raw declares none.
+PROMPT_FORMATS: dict[str, str | None] = {
+    "chatml": "<|im_start|>", "gemma": "<start_of_turn>", "llama3": "<|start_header_id|>",
+    "mistral": "[INST]", "raw": None,
+}
+
+
+def template_format(template: str | None) -> str | None:
+    """The prompt format a chat template writes (PROMPT_FORMATS); None when
+    it has none of their markers, or there is no template."""
+    for name, marker in PROMPT_FORMATS.items():
+        if marker is not None and template is not None and marker in template:
+            return name
+    return None
+
+
 def common_prefix(resident: Sequence[int], wanted: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0

@@ -5,8 +5,9 @@ import asyncio
 
 from syntrop.config import Paths
 from syntrop.routerd.config import Config, ProviderConfig
-from syntrop.routerd.gateway import Gateway, _continuation
+from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.pressure import Pressure
+from syntrop.routerd.relay import continuation
 
 LOCAL = ProviderConfig(id="local", kind="runtimed", tier="local", models=("m",))
 REMOTE = ProviderConfig(id="remote", kind="openai", endpoint="http://h/v1", tier="remote",
@@ -45,14 +46,14 @@ def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() ->
 def test_continuation_replays_the_prompt_with_the_text_sent() -> None:
     chat = {"model": "m", "max_tokens": 10,
             "messages": [{"role": "user", "content": "hi"}]}
-    again = _continuation("chat/completions", chat, "Hello, wor", 3)
+    again = continuation("chat/completions", chat, "Hello, wor", 3)
     assert again["messages"][-1] == {"role": "assistant", "content": "Hello, wor"}
     assert again["max_tokens"] == 7
     assert chat["messages"] == [{"role": "user", "content": "hi"}]  # untouched
-    completion = _continuation("completions", {"model": "m", "prompt": "1, 2,"}, " 3,", 1)
+    completion = continuation("completions", {"model": "m", "prompt": "1, 2,"}, " 3,", 1)
     assert completion["prompt"] == "1, 2, 3,"
     assert "max_tokens" not in completion
-    assert _continuation("completions", {"prompt": "x", "max_tokens": 2}, "abc", 5)[
+    assert continuation("completions", {"prompt": "x", "max_tokens": 2}, "abc", 5)[
         "max_tokens"] == 1
 
 

@@ -100,3 +100,33 @@ def test_a_takeover_ends_only_its_own_uids_sessions() -> None:
     with pytest.raises(StaleSession) as caught:
         table.get(theirs.session_id)
     assert caught.value.owner == "mine-2"
+
+
+def test_a_templates_prompt_format_is_known_by_its_markers() -> None:
+    from syntrop.runtimed.sessions import template_format
+
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>"
+    assert template_format(chatml) == "chatml"
+    assert template_format("<start_of_turn>user\n{{ content }}<end_of_turn>") == "gemma"
+    assert template_format("<|start_header_id|>{{ role }}<|end_header_id|>") == "llama3"
+    assert template_format("[INST] {{ content }} [/INST]") == "mistral"
+    assert template_format("{{ content }}") is None and template_format(None) is None
+
+
+def test_a_declared_prompt_format_is_one_runtimed_knows() -> None:
+    import pytest
+
+    from syntrop.interfaces.runtime import SessionConfig
+    from syntrop.runtimed.checks import prompt_format
+    from syntrop.varlink import InvalidParameter
+
+    def config(value: str | None) -> SessionConfig:
+        return SessionConfig(n_ctx=None, n_batch=None, n_threads=None, n_gpu_layers=None,
+                             flash_attn=None, kv_cache_type=None, prompt_format=value,
+                             disable_bos=None)
+
+    assert prompt_format(config("chatml")) == "chatml"
+    assert prompt_format(config(None)) is None and prompt_format(config("")) is None
+    assert prompt_format(None) is None
+    with pytest.raises(InvalidParameter):
+        prompt_format(config("klingon"))
