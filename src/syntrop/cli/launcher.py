@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from syntrop.system import process
 from syntrop.varlink.server import bind_unix
 
 #: prctl(2) option: the signal a process gets when its parent thread ends.
@@ -287,13 +289,11 @@ class Launcher:
         slot.state.starts += 1
         slot.state.started_at = time.time()
         logger.info("started %s as pid %d", daemon.program, pid)
-        pidfd = os.pidfd_open(pid)
-        self.loop.add_reader(pidfd, self._reap, slot, pid, pidfd)
+        # Our child: a zombie until reaped, so the watch always starts.
+        process.watch_exit(pid, functools.partial(self._reap, slot, pid), self.loop)
         self._write_status()
 
-    def _reap(self, slot: _Slot, pid: int, pidfd: int) -> None:
-        self.loop.remove_reader(pidfd)
-        os.close(pidfd)
+    def _reap(self, slot: _Slot, pid: int) -> None:
         _, status = os.waitpid(pid, 0)
         slot.state.pid = None
         slot.state.last_exit = os.waitstatus_to_exitcode(status)

@@ -12,10 +12,11 @@ frozen in the books, and the log says why.
 """
 
 import asyncio
+import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -107,7 +108,8 @@ class InferenceService(Inference1):
         self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
         self.mount = cgroup.find_mount()
         self.own_cgroup = cgroup.cgroup_of_pid(os.getpid())
-        self.watches: dict[int, int] = {}  # pid -> pidfd
+        #: pid -> what stops watching its exit (system.process.watch_exit).
+        self.watches: dict[int, Callable[[], None]] = {}
         self.buffers: dict[str, int] = {}  # lease id -> memfd
         self.lock = asyncio.Lock()
         self.freeze_latencies: list[float] = []
@@ -250,24 +252,17 @@ class InferenceService(Inference1):
     def _watch(self, pid: int) -> None:
         if pid in self.watches:
             return
-        fd = process.pidfd(pid)
-        if fd is None:
-            return
-        self.watches[pid] = fd
-        asyncio.get_running_loop().add_reader(fd, self._process_exited, pid)
+        stop = process.watch_exit(pid, functools.partial(self._process_exited, pid))
+        if stop is not None:
+            self.watches[pid] = stop
 
     def _unwatch_unused(self) -> None:
         used = {r.lease.pid for r in self.records.values()}
         for pid in [pid for pid in self.watches if pid not in used]:
-            fd = self.watches.pop(pid)
-            asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
+            self.watches.pop(pid)()
 
     def _process_exited(self, pid: int) -> None:
-        fd = self.watches.pop(pid, None)
-        if fd is not None:
-            asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
+        self.watches.pop(pid, None)  # watch_exit has stopped watching
         owned = [r.lease.id for r in self.records.values() if r.lease.pid == pid]
         if owned:
             task = asyncio.get_running_loop().create_task(self._release_dead(owned))
@@ -797,9 +792,8 @@ class InferenceService(Inference1):
         if self.trigger is not None:
             loop.remove_reader(self.trigger.fileno())
             self.trigger.close()
-        for fd in self.watches.values():
-            loop.remove_reader(fd)
-            os.close(fd)
+        for stop in self.watches.values():
+            stop()
         self.watches.clear()
         for fd in self.buffers.values():
             os.close(fd)

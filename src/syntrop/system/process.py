@@ -5,7 +5,9 @@ A pid alone is not an identity (pids are reused), so a process is recorded as
 still shows that start time.
 """
 
+import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -55,6 +57,33 @@ def pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (ProcessLookupError, OSError):
         return None
+
+
+def watch_exit(pid: int, on_exit: Callable[[], None],
+               loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None] | None:
+    """Call `on_exit` once, in `loop` (default: the running one), when
+    process `pid` exits, through a pidfd (no polling, no SIGCHLD). Returns
+    the function that stops watching, or None when there is no such
+    process already."""
+    fd = pidfd(pid)
+    if fd is None:
+        return None
+    watching = loop or asyncio.get_running_loop()
+    open_ = True
+
+    def stop() -> None:
+        nonlocal open_
+        if open_:
+            open_ = False
+            watching.remove_reader(fd)
+            os.close(fd)
+
+    def exited() -> None:
+        stop()
+        on_exit()
+
+    watching.add_reader(fd, exited)
+    return stop
 
 
 def rss_bytes(pid: int | str = "self", *, proc: Path = Path("/proc")) -> int:
