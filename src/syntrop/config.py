@@ -69,7 +69,8 @@ class ConfigError(Exception):
 
 
 def load_toml(path: Path) -> dict[str, Any]:
-    """A daemon's TOML configuration; an absent file is an empty one."""
+    """A daemon's TOML configuration; an absent file is an empty one. A
+    syntax error names the file, line and column (tomllib's message)."""
     import tomllib
 
     try:
@@ -79,3 +80,63 @@ def load_toml(path: Path) -> dict[str, Any]:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: {error}") from None
+
+
+# The readers of a configuration's fields, shared by the seven daemons: each
+# takes the TOML table, the key, the default and `where` (the file, and the
+# table when not the top: "runtimed.toml: [runtimed]"), and raises a
+# ConfigError naming all of them, what was expected and what was found.
+
+
+def _bad(where: str, key: str, expected: str, value: object) -> ConfigError:
+    return ConfigError(f"{where}: {key} must be {expected}, not {value!r}")
+
+
+def number(table: dict[str, Any], key: str, default: float, where: str, *,
+           minimum: float = 0.0, maximum: float = float("inf"),
+           positive: bool = False) -> float:
+    """A number from `minimum` to `maximum` (above 0 with `positive`)."""
+    value = table.get(key, default)
+    low = "above 0" if positive else f">= {minimum:g}"
+    expected = f"a number {low}" + (f" and <= {maximum:g}" if maximum < float("inf") else "")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum \
+            or value > maximum or (positive and not value > 0):
+        raise _bad(where, key, expected, value)
+    return float(value)
+
+
+def integer(table: dict[str, Any], key: str, default: int, where: str, *,
+            minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer from `minimum` to `maximum` (a quoted "8" is not one)."""
+    value = table.get(key, default)
+    expected = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
+        raise _bad(where, key, expected, value)
+    return value
+
+
+def boolean(table: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise _bad(where, key, "true or false", value)
+    return value
+
+
+def string(table: dict[str, Any], key: str, default: str, where: str, *,
+           choices: tuple[str, ...] = (), empty: bool = False) -> str:
+    """A string (non-empty unless `empty`; one of `choices` when given)."""
+    value = table.get(key, default)
+    if not isinstance(value, str) or (not empty and not value) or (
+            choices and value not in choices):
+        expected = f"one of {', '.join(choices)}" if choices else "a non-empty string"
+        raise _bad(where, key, expected, value)
+    return value
+
+
+def section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """Table `key` of `data` ({} when absent)."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise _bad(where, f"[{key}]", "a table", value)
+    return value

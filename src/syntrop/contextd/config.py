@@ -39,7 +39,7 @@ comes from here, so tests point it at temporary directories.
 from dataclasses import dataclass, field
 from typing import Any
 
-from syntrop.config import ConfigError, load_toml
+from syntrop.config import ConfigError, integer, load_toml, number, section
 from syntrop.system.journal import Source
 
 USEC = 1_000_000
@@ -79,20 +79,6 @@ class Config:
     kernel: bool = True
 
 
-def _int(table: dict[str, Any], key: str, default: int, where: str, *, minimum: int = 0) -> int:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: {key} must be an integer >= {minimum}")
-    return value
-
-
-def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"{where}: {key} must be a positive number")
-    return float(value)
-
-
 def _paths(
     table: dict[str, Any], key: str, default: tuple[str, ...], where: str
 ) -> tuple[str, ...]:
@@ -111,19 +97,12 @@ def _path(table: dict[str, Any], key: str, default: str | None, where: str) -> s
     return value
 
 
-def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: [{key}] must be a table")
-    return value
-
-
 def parse(data: dict[str, Any], where: str = "contextd.toml") -> Config:
     default = Config()
-    timeline = _table(data, "timeline", where)
-    files = _table(data, "files", where)
-    packages = _table(data, "packages", where)
-    journal = _table(data, "journal", where)
+    timeline = section(data, "timeline", where)
+    files = section(data, "files", where)
+    packages = section(data, "packages", where)
+    journal = section(data, "journal", where)
     exit_on_idle = data.get("exit_on_idle", False)
     if not isinstance(exit_on_idle, bool):
         raise ConfigError(f"{where}: exit_on_idle must be true or false")
@@ -143,23 +122,23 @@ def parse(data: dict[str, Any], where: str = "contextd.toml") -> Config:
         unit_dirs=_paths(data, "unit_dirs", default.unit_dirs, where),
         reference_prefixes=_paths(data, "reference_prefixes", default.reference_prefixes, where),
         exit_on_idle=exit_on_idle,
-        ring_size=_int(timeline, "ring_size", default.ring_size, where, minimum=1),
-        retention_usec=_int(timeline, "retention_days", 30, where, minimum=1) * DAY,
-        default_window_usec=_int(timeline, "default_window_hours", 24, where, minimum=1) * HOUR,
-        flood_rate=_number(timeline, "flood_rate", default.flood_rate, where),
-        flood_burst=_int(timeline, "flood_burst", default.flood_burst, where, minimum=1),
-        max_file_bytes=_int(files, "max_file_bytes", default.max_file_bytes, where),
-        max_shadow_bytes=_int(files, "max_shadow_bytes", default.max_shadow_bytes, where),
-        max_diff_bytes=_int(files, "max_diff_bytes", default.max_diff_bytes, where, minimum=256),
-        max_watches=_int(files, "max_watches", default.max_watches, where, minimum=1),
+        ring_size=integer(timeline, "ring_size", default.ring_size, where, minimum=1),
+        retention_usec=integer(timeline, "retention_days", 30, where, minimum=1) * DAY,
+        default_window_usec=integer(timeline, "default_window_hours", 24, where, minimum=1) * HOUR,
+        flood_rate=number(timeline, "flood_rate", default.flood_rate, where, positive=True),
+        flood_burst=integer(timeline, "flood_burst", default.flood_burst, where, minimum=1),
+        max_file_bytes=integer(files, "max_file_bytes", default.max_file_bytes, where),
+        max_shadow_bytes=integer(files, "max_shadow_bytes", default.max_shadow_bytes, where),
+        max_diff_bytes=integer(files, "max_diff_bytes", default.max_diff_bytes, where, minimum=256),
+        max_watches=integer(files, "max_watches", default.max_watches, where, minimum=1),
         dpkg_log=_path(packages, "dpkg_log", default.dpkg_log, where),
         apt_history=_path(packages, "apt_history", default.apt_history, where),
         dnf_log=_path(packages, "dnf_log", default.dnf_log, where),
         dpkg_info=_path(packages, "dpkg_info", default.dpkg_info, where) or default.dpkg_info,
         journal=source,
-        lines_before=_int(journal, "lines_before", default.lines_before, where),
-        lines_after=_int(journal, "lines_after", default.lines_after, where),
-        after_usec=_int(journal, "after_seconds", 30, where) * USEC,
+        lines_before=integer(journal, "lines_before", default.lines_before, where),
+        lines_after=integer(journal, "lines_after", default.lines_after, where),
+        after_usec=integer(journal, "after_seconds", 30, where) * USEC,
         kernel=kernel and bool(journalctl),
     )
 

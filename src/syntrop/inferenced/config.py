@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, load_toml
+from syntrop.config import ConfigError, integer, load_toml, number, section
 from syntrop.inferenced.topology import DeviceConfig, TopologyConfig
 
 DEFAULT_THRESHOLDS = {"memory": (10.0, 25.0)}
@@ -48,36 +48,27 @@ class Config:
     )
 
 
-def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a non-negative number")
-    return float(value)
-
-
 def parse(data: dict[str, Any], where: str = "inferenced.toml") -> Config:
     root = Path(str(data.get("root", "/")))
-    triage = data.get("triage", {})
+    triage = section(data, "triage", where)
     devices: dict[str, DeviceConfig] = {}
-    for device_id, table in data.get("devices", {}).items():
+    for device_id, table in section(data, "devices", where).items():
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [devices.{device_id}] must be a table")
         memory = table.get("memory_bytes")
-        if memory is not None and (not isinstance(memory, int) or memory < 0):
-            raise ConfigError(f"{where}: devices.{device_id}.memory_bytes must be bytes")
+        if memory is not None:
+            memory = integer(table, "memory_bytes", 0, f"{where}: [devices.{device_id}]")
         devices[device_id] = DeviceConfig(name=table.get("name"), memory_bytes=memory)
-    reserve = triage.get("reserve_bytes", 0)
-    if not isinstance(reserve, int) or reserve < 0:
-        raise ConfigError(f"{where}: triage.reserve_bytes must be bytes")
-    pressure = data.get("pressure", {})
+    reserve = integer(triage, "reserve_bytes", 0, f"{where}: [triage]")
+    pressure = section(data, "pressure", where)
     thresholds = dict(DEFAULT_THRESHOLDS)
     for resource in ("memory", "cpu", "io"):
         keys = (f"{resource}_elevated", f"{resource}_critical")
         if resource in thresholds or any(key in pressure for key in keys):
             elevated, critical = thresholds.get(resource, (float("inf"), float("inf")))
             thresholds[resource] = (
-                _number(pressure, keys[0], elevated, where),
-                _number(pressure, keys[1], critical, where),
+                number(pressure, keys[0], elevated, f"{where}: [pressure]"),
+                number(pressure, keys[1], critical, f"{where}: [pressure]"),
             )
     units = data.get("emergency_units", ["runtimed.service"])
     if not isinstance(units, list) or not all(isinstance(u, str) for u in units):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, Paths, load_toml
+from syntrop.config import Paths, integer, load_toml, section, string
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,26 +20,15 @@ class Config:
     min_free_bytes: int = 0
 
 
-def _bytes(table: dict[str, Any], key: str, where: str) -> int | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{where}: store.{key} must be a number of bytes")
-    return value
-
-
 def parse(data: dict[str, Any], paths: Paths, where: str = "modeld.toml") -> Config:
-    store = data.get("store", {})
-    if not isinstance(store, dict):
-        raise ConfigError(f"{where}: [store] must be a table")
-    directory = store.get("directory")
-    if directory is not None and (not isinstance(directory, str) or not directory):
-        raise ConfigError(f"{where}: store.directory must be a path")
+    store = section(data, "store", where)
+    at = f"{where}: [store]"
+    directory = string(store, "directory", str(paths.state), at)
+    budget = store.get("budget_bytes")
     return Config(
-        directory=Path(directory) if directory else paths.state,
-        budget_bytes=_bytes(store, "budget_bytes", where),
-        min_free_bytes=_bytes(store, "min_free_bytes", where) or 0,
+        directory=Path(directory),
+        budget_bytes=None if budget is None else integer(store, "budget_bytes", 0, at),
+        min_free_bytes=integer(store, "min_free_bytes", 0, at),
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError
+from syntrop.config import ConfigError, number
 
 DEFAULT_LISTEN = ("127.0.0.1:32768", "[::1]:32768")
 KINDS = ("openai", "runtimed", "peer")
@@ -120,13 +120,6 @@ def parse_address(text: str) -> tuple[str, int] | str:
     return host, int(port)
 
 
-def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a non-negative number")
-    return float(value)
-
-
 def _string(table: dict[str, Any], key: str, default: str, where: str) -> str:
     value = table.get(key, default)
     if not isinstance(value, str) or not value:
@@ -222,7 +215,7 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         endpoint = table.get("endpoint", table.get("address", ""))
         if not isinstance(endpoint, str) or (kind != "runtimed" and not endpoint):
             raise ConfigError(f"{where}: endpoint must be a string (required for {kind})")
-        weight = _number(table, "weight", 1.0, where)
+        weight = number(table, "weight", 1.0, where)
         if weight > 1:
             raise ConfigError(f"{where}: weight must be between 0 and 1")
         tls = {}
@@ -237,10 +230,10 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         api_key = _credential(credential, where) if isinstance(credential, str) else None
         providers.append(ProviderConfig(
             id=ident, kind=kind, endpoint=endpoint, tier=tier, models=tuple(models),
-            cost=_number(table, "cost", 0.0, where), weight=weight,
-            capability=min(100.0, _number(table, "capability", 50.0, where)),
-            context_window=int(_number(table, "context_window", 8192, where)),
-            api_key=api_key, timeout=_number(table, "timeout", 60.0, where) or 60.0,
+            cost=number(table, "cost", 0.0, where), weight=weight,
+            capability=min(100.0, number(table, "capability", 50.0, where)),
+            context_window=int(number(table, "context_window", 8192, where)),
+            api_key=api_key, timeout=number(table, "timeout", 60.0, where) or 60.0,
             **tls,
         ))
     default = data.get("default_model")
@@ -251,19 +244,19 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         raise ConfigError(f"{path}: [routing] must be a table")
     where = f"{path}: routing"
     return Config(
-        deadline=_number(routing, "deadline", 30.0, where),
-        psi_threshold=min(100.0, _number(routing, "psi_threshold", 25.0, where)),
+        deadline=number(routing, "deadline", 30.0, where),
+        psi_threshold=min(100.0, number(routing, "psi_threshold", 25.0, where)),
         psi_file=_string(routing, "psi_file", "/proc/pressure/memory", where),
-        max_inflight=max(1, int(_number(routing, "max_inflight", 256, where))),
-        triage_reserved=int(_number(routing, "triage_reserved", 8, where)),
+        max_inflight=max(1, int(number(routing, "max_inflight", 256, where))),
+        triage_reserved=int(number(routing, "triage_reserved", 8, where)),
         listen=tuple(listen),
         tls_listen=tuple(tls_listen),
         tls_cert=tls_files["tls_cert"], tls_key=tls_files["tls_key"],
         tls_client_ca=tls_files["tls_client_ca"],
-        max_body_bytes=int(_number(http, "max_body_bytes", 1 << 20, path)),
-        max_connections=max(1, int(_number(http, "max_connections", 64, path))),
-        header_timeout=_number(http, "header_timeout", 10.0, path),
-        body_timeout=_number(http, "body_timeout", 30.0, path),
+        max_body_bytes=int(number(http, "max_body_bytes", 1 << 20, path)),
+        max_connections=max(1, int(number(http, "max_connections", 64, path))),
+        header_timeout=number(http, "header_timeout", 10.0, path),
+        body_timeout=number(http, "body_timeout", 30.0, path),
         default_model=default,
         providers=tuple(providers) if "providers" in data else DERIVED,
         derived="providers" not in data,
@@ -298,8 +291,8 @@ def _fleet(data: dict[str, Any], path: str) -> FleetConfig:
         import socket
 
         strings["node"] = socket.gethostname()
-    return FleetConfig(etcd=tuple(etcd), ttl=max(2, int(_number(table, "ttl", 5, where))),
-                       publish_interval=_number(table, "publish_interval", 1.0, where),
+    return FleetConfig(etcd=tuple(etcd), ttl=max(2, int(number(table, "ttl", 5, where))),
+                       publish_interval=number(table, "publish_interval", 1.0, where),
                        **strings)
 
 

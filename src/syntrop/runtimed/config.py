@@ -19,14 +19,14 @@
     crash_window = 60  # seconds
 """
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from syntrop.config import ConfigError, integer, load_toml, number, section, string
 from syntrop.runtimed.layout import LAYOUTS
 
 FILE = "runtimed.toml"
-INTEGERS = ("slots", "queue", "n_ctx", "n_threads", "instances", "spill_ram", "crash_limit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,32 +44,34 @@ class Config:
     crash_limit: int = 3
     crash_window: float = 60.0
 
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"{FILE}: layout is one of {', '.join(LAYOUTS)}")
-        if self.crash_window <= 0:
-            raise ValueError(f"{FILE}: crash_window must be positive")
-        if self.keep_alive < 0 or any(getattr(self, k) < 0 for k in INTEGERS):
-            raise ValueError(f"{FILE}: negative value")
-        if not 0 <= self.unload_pressure <= 100:
-            raise ValueError(f"{FILE}: unload_pressure is a percentage, 0 to 100")
+
+def parse(data: dict[str, Any], path: str = FILE) -> Config:
+    """runtimed.toml's [runtimed] table; ConfigError naming file, key and
+    what was expected."""
+    table = section(data, "runtimed", path)
+    where = f"{path}: [runtimed]"
+    d = Config()
+    return Config(
+        slots=integer(table, "slots", d.slots, where, minimum=1),
+        queue=integer(table, "queue", d.queue, where),
+        n_ctx=integer(table, "n_ctx", d.n_ctx, where, minimum=16),
+        n_threads=integer(table, "n_threads", d.n_threads, where),
+        layout=string(table, "layout", d.layout, where, choices=LAYOUTS),
+        instances=integer(table, "instances", d.instances, where),
+        keep_alive=number(table, "keep_alive", d.keep_alive, where),
+        spill_ram=integer(table, "spill_ram", d.spill_ram, where),
+        unload_pressure=number(table, "unload_pressure", d.unload_pressure, where,
+                               maximum=100),
+        pressure_file=string(table, "pressure_file", d.pressure_file, where),
+        crash_limit=integer(table, "crash_limit", d.crash_limit, where),
+        crash_window=number(table, "crash_window", d.crash_window, where, positive=True),
+    )
 
 
 def load(directory: Path) -> Config:
     """The configuration in `directory`, defaults where absent."""
-    try:
-        data = tomllib.loads((directory / FILE).read_text())
-    except FileNotFoundError:
-        return Config()
-    section = data.get("runtimed", {})
-    values: dict[str, object] = {k: int(section[k]) for k in INTEGERS if k in section}
-    if "layout" in section:
-        values["layout"] = str(section["layout"])
-    for key in ("keep_alive", "crash_window"):
-        if key in section:
-            values[key] = float(section[key])
-    if "unload_pressure" in section:
-        values["unload_pressure"] = float(section["unload_pressure"])
-    if "pressure_file" in section:
-        values["pressure_file"] = str(section["pressure_file"])
-    return Config(**values)  # type: ignore[arg-type]
+    path = directory / FILE
+    return parse(load_toml(path), str(path))
+
+
+__all__ = ["FILE", "Config", "ConfigError", "load", "parse"]

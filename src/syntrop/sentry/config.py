@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, load_toml
+from syntrop.config import ConfigError, load_toml, number
 from syntrop.sentry.breaker import SECOND, Policy
 from syntrop.sentry.pipeline import MS, Budgets
 
@@ -71,13 +71,6 @@ class Config:
         return any(fnmatch.fnmatchcase(unit, p) for p in self.protected)
 
 
-def _number(table: dict[str, Any], key: str, default: float, where: str) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a number >= 0")
-    return float(value)
-
-
 def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
     ignore = data.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
@@ -98,28 +91,28 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
     d = Budgets()
 
     def ms(key: str, default_usec: int) -> int:
-        return int(_number(budgets, key, default_usec / MS, where) * MS)
+        return int(number(budgets, key, default_usec / MS, where) * MS)
 
     try:
         policy = Policy(
-            window_usec=int(_number(breaker, "window_sec", 600, where) * SECOND),
-            cap=int(_number(breaker, "cap", 3, where)),
-            base_usec=int(_number(breaker, "base_sec", 10, where) * SECOND),
-            factor=_number(breaker, "factor", 2.0, where),
-            max_usec=int(_number(breaker, "max_sec", 300, where) * SECOND))
+            window_usec=int(number(breaker, "window_sec", 600, where) * SECOND),
+            cap=int(number(breaker, "cap", 3, where)),
+            base_usec=int(number(breaker, "base_sec", 10, where) * SECOND),
+            factor=number(breaker, "factor", 2.0, where),
+            max_usec=int(number(breaker, "max_sec", 300, where) * SECOND))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
-    verify = int(_number(data, "verify_sec", 5, where) * SECOND)
-    verify_max = int(_number(data, "verify_max_sec", 12, where) * SECOND)
+    verify = int(number(data, "verify_sec", 5, where) * SECOND)
+    verify_max = int(number(data, "verify_max_sec", 12, where) * SECOND)
     if verify_max < verify:
         raise ConfigError(f"{where}: verify_max_sec must be at least verify_sec")
     return Config(
         ignore=tuple(ignore),
         protected=PROTECTED + tuple(protected),
         watch_syntrop=bool(data.get("watch_syntrop", False)),
-        recent_usec=int(_number(data, "recent_sec", 600, where) * SECOND),
+        recent_usec=int(number(data, "recent_sec", 600, where) * SECOND),
         verify_usec=verify, verify_max_usec=verify_max, model=model,
-        queue=max(1, int(_number(data, "queue", 64, where))),
+        queue=max(1, int(number(data, "queue", 64, where))),
         sysfs_root=Path(sysfs_root),
         budgets=Budgets(
             context_usec=ms("context", d.context_usec), gang_usec=ms("gang", d.gang_usec),

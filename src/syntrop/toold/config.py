@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, load_toml
+from syntrop.config import ConfigError, load_toml, number
 
 #: Units toold never acts on unless `deny` is configured otherwise: PID 1's
 #: own critical units, the bus, the journal, login, udev, and syntrop itself.
@@ -81,14 +81,6 @@ def _patterns(data: dict[str, Any], key: str, default: tuple[str, ...], where: s
     return tuple(value)
 
 
-def _number(table: dict[str, Any], key: str, default: float, where: str, *,
-            minimum: float = 0) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise ConfigError(f"{where}: {key} must be a number >= {minimum:g}")
-    return float(value)
-
-
 def _path(value: object, key: str, where: str) -> Path:
     if not isinstance(value, str) or not value.startswith("/"):
         raise ConfigError(f"{where}: {key} must be an absolute path")
@@ -134,17 +126,17 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
         dbus_address=address,
         context_socket=None if context is None else _path(context, "context_socket", where),
         rate=RateLimit(
-            per_unit=int(_number(rate, "per_unit", 3, where, minimum=1)),
-            per_unit_window=_number(rate, "per_unit_window_sec", 60, where),
-            total=int(_number(rate, "global", 20, where, minimum=1)),
-            total_window=_number(rate, "global_window_sec", 60, where),
+            per_unit=int(number(rate, "per_unit", 3, where, minimum=1)),
+            per_unit_window=number(rate, "per_unit_window_sec", 60, where),
+            total=int(number(rate, "global", 20, where, minimum=1)),
+            total_window=number(rate, "global_window_sec", 60, where),
         ),
         bwrap=bwrap,
         python=python,
         allow_weaker=allow_weaker,
-        sandbox_timeout=_number(sandbox, "timeout_sec", 30, where, minimum=1),
-        job_timeout=_number(timeouts, "job_sec", 60, where, minimum=0.1),
-        health_window=_number(timeouts, "health_window_sec", 3, where),
+        sandbox_timeout=number(sandbox, "timeout_sec", 30, where, minimum=1),
+        job_timeout=number(timeouts, "job_sec", 60, where, minimum=0.1),
+        health_window=number(timeouts, "health_window_sec", 3, where),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from asyncvarlink import VarlinkInterface
 
-from syntrop.config import Paths
+from syntrop.config import ConfigError, Paths
 from syntrop.system import logging as syslog
 from syntrop.system.notify import notify, watchdog_interval
 from syntrop.varlink.activation import listen_fds
@@ -56,6 +56,9 @@ def run(
         asyncio.run(_serve(program, interface, factory, args.idle_timeout, keep_alive))
     except KeyboardInterrupt:
         pass
+    except ConfigError as error:  # it names the file, key and what was expected
+        logger.error("cannot serve %s: %s", interface, error)
+        sys.exit(1)
     except OSError as error:
         logger.error("cannot serve %s: %s", interface, error)
         sys.exit(1)

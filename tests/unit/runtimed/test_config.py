@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from syntrop.config import ConfigError
 from syntrop.runtimed.config import Config, load
 
 
@@ -27,8 +28,12 @@ def test_values_are_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("line", ['layout = "batches"', "keep_alive = -1", "spill_ram = -5",
                                   "instances = -1", "unload_pressure = 150",
-                                  "unload_pressure = -1"])
-def test_bad_values_are_refused(tmp_path: Path, line: str) -> None:
+                                  "unload_pressure = -1", 'slots = "8"', "keep_alive = true",
+                                  "slots = 0", "crash_window = 0"])
+def test_bad_values_are_refused_naming_file_and_key(tmp_path: Path, line: str) -> None:
     (tmp_path / "runtimed.toml").write_text(f"[runtimed]\n{line}\n")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError) as refused:
         load(tmp_path)
+    key = line.split(" = ")[0]
+    assert str(tmp_path / "runtimed.toml") in str(refused.value)
+    assert f"[runtimed]: {key} must be" in str(refused.value)
