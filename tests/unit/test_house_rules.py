@@ -65,3 +65,95 @@ def test_shared_modules_import_no_daemon_and_no_cli() -> None:
     wrong = [(p, m, n) for p, m, n in imports()
              if p in SHARED and (top(m) in DAEMONS or top(m) in ("cli", "pull"))]
     assert wrong == []
+
+
+def module_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the syntrop modules it imports (lazy and TYPE_CHECKING
+    imports included: a cycle that only type checking or a function closes
+    is still two modules that cannot be understood apart)."""
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(path): path for path in root.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges = graph.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # from package import submodule: the submodule, when it is one
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in names:
+                target = resolve(name) if name.startswith("syntrop") else None
+                if target is not None and target != module:
+                    edges.add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: strongly connected sets of more than one module
+    (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_a_new_cycle_or_crossing_would_be_seen(tmp_path: Path) -> None:
+    """The checks above fail on what they forbid: a small tree with a
+    cycle, and the reader on it."""
+    root = tmp_path / "syntrop"
+    (root / "a").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "a" / "__init__.py").write_text("")
+    (root / "a" / "x.py").write_text("from syntrop.a import y\n")
+    (root / "a" / "y.py").write_text("def f():\n    from syntrop.a.x import g\n")
+    (root / "a" / "z.py").write_text("import syntrop.a.y\n")
+    assert cycles(module_graph(root)) == [["syntrop.a.x", "syntrop.a.y"]]

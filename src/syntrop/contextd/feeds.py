@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.contextd import journal, kernel, logtail, packages
 from syntrop.contextd.timeline import Record
@@ -26,7 +26,33 @@ from syntrop.system import inotify as ino
 from syntrop.system import journal as journalctl
 
 if TYPE_CHECKING:
-    from syntrop.contextd.recorder import Recorder
+    from syntrop.contextd.config import Config
+    from syntrop.contextd.logtail import Position
+
+
+class Skipped(Protocol):
+    skipped: int
+
+
+class Store(Protocol):
+    """What a feed needs of the recorder (recorder.py), which owns the feeds:
+    its configuration, counters, clock, read positions and metadata, and
+    commit. A protocol, so that feeds.py does not import recorder.py."""
+
+    @property
+    def config(self) -> "Config": ...
+    @property
+    def counters(self) -> Skipped: ...
+    @property
+    def clock(self) -> Callable[[], int]: ...
+    @property
+    def meta(self) -> dict[str, str]: ...
+    @property
+    def positions(self) -> "dict[str, Position]": ...
+
+    async def commit(self, drafts: Any, *, positions: "dict[str, Position | None] | None" = None,
+                     meta: dict[str, str] | None = None,
+                     limited: bool = False) -> list[Record]: ...
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +91,7 @@ def kernel_draft(event: kernel.KernelEvent, timestamp_usec: int) -> Record:
 
 
 class PackageFeed:
-    def __init__(self, recorder: "Recorder") -> None:
+    def __init__(self, recorder: Store) -> None:
         self.recorder = recorder
         config = recorder.config
         self.logs: list[tuple[str, str]] = [
@@ -164,7 +190,7 @@ class PackageFeed:
 
 
 class KernelFeed:
-    def __init__(self, recorder: "Recorder") -> None:
+    def __init__(self, recorder: Store) -> None:
         self.recorder = recorder
         self.source = recorder.config.journal
         self.enabled = recorder.config.kernel

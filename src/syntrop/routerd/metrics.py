@@ -1,17 +1,34 @@
 """/metrics: routerd's counters and gauges in the Prometheus text format
 (version 0.0.4)."""
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from syntrop.routerd.gateway import Gateway
+from syntrop.routerd.pressure import Pressure
+from syntrop.routerd.queues import Admission
+from syntrop.routerd.scoring import Breaker, Health
+
+
+class Counted(Protocol):
+    """What /metrics reads of the gateway (gateway.py renders with it)."""
+
+    answered: dict[tuple[str, int], int]
+    requests_total: int
+    routing_errors: int
+    continuations: int
+    attempts: dict[tuple[str, str], int]
+    health: dict[str, Health]
+    breakers: dict[tuple[str, str], Breaker]
+    admission: Admission
+    pressure: Pressure
+
+    def throttled(self) -> bool: ...
 
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(gateway: "Gateway") -> str:
+def render(gateway: Counted) -> str:
     from syntrop.system.process import rss_bytes
 
     lines: list[str] = []

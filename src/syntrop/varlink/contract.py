@@ -33,8 +33,9 @@ from typing import Any
 from asyncvarlink import TypedVarlinkErrorReply, VarlinkInterface, varlinkmethod
 from asyncvarlink.serviceinterface import MethodNotImplemented
 
+from syntrop.varlink.marks import OPTIONS
+
 _CONTRACT = "_syntrop_contract"
-_OPTIONS = "_syntrop_options"
 _IMPLEMENTS = "_syntrop_implements"
 
 
@@ -102,7 +103,7 @@ def _wrap(
     implementation.__signature__ = inspect.signature(raw)  # type: ignore[attr-defined]
     wrapped = varlinkmethod(implementation, **options)
     setattr(wrapped, _CONTRACT, raw)
-    setattr(wrapped, _OPTIONS, options)
+    setattr(wrapped, OPTIONS, options)
     return wrapped
 
 
@@ -149,7 +150,7 @@ class Interface(VarlinkInterface, name="io.syntrop.Interface"):
                 inspect.isasyncgenfunction(value)
             ):
                 raise TypeError(f"{cls.__name__}.{attribute} must be an async generator")
-            setattr(cls, attribute, _wrap(value, raw, getattr(declared, _OPTIONS)))
+            setattr(cls, attribute, _wrap(value, raw, getattr(declared, OPTIONS)))
 
     @classmethod
     def contract_methods(cls) -> list[tuple[str, Callable[..., Any]]]:
@@ -164,7 +165,7 @@ class Interface(VarlinkInterface, name="io.syntrop.Interface"):
 
     @classmethod
     def render_interface_description(cls, *, comments: bool = True) -> str:
-        from syntrop.varlink.idl import render
+        from syntrop.varlink.idl import render  # only when introspected
 
         return render(cls, comments=comments)
 

@@ -26,6 +26,8 @@ from typing import Any
 from asyncvarlink import TypedVarlinkErrorReply
 from asyncvarlink.conversion import DataclassVarlinkType, VarlinkType
 
+from syntrop.varlink.marks import OPTIONS
+
 _SECTIONS = ("Parameters:", "Returns:", "Fields:")
 
 
@@ -139,8 +141,6 @@ def _types_in(annotation: Any) -> Iterator[type]:
 
 def render(cls: Any, *, comments: bool = True) -> str:
     """The IDL of a contract class (a syntrop.varlink.contract.Interface)."""
-    from syntrop.varlink.contract import _OPTIONS
-
     # The contract's description, not that of a service class deriving from it.
     contract = next(base for base in cls.__mro__ if "name" in vars(base))
     lines: list[str] = []
@@ -155,7 +155,7 @@ def render(cls: Any, *, comments: bool = True) -> str:
 
     types: dict[str, type] = {}
     for name, raw in methods:
-        options = getattr(getattr(cls, name), _OPTIONS)
+        options = getattr(getattr(cls, name), OPTIONS)
         for _, annotation, _ in _parameters(raw) + _returns(raw, options):
             for dc in _types_in(annotation):
                 types.setdefault(dc.__name__, dc)
@@ -174,7 +174,7 @@ def render(cls: Any, *, comments: bool = True) -> str:
         lines.extend(body[1:])
 
     for name, raw in methods:
-        options = getattr(getattr(cls, name), _OPTIONS)
+        options = getattr(getattr(cls, name), OPTIONS)
         doc = parse_doc(raw.__doc__)
         lines.append("")
         if comments:

@@ -7,34 +7,11 @@ JSON text an upstream sent, already checked), `stream` the JSON text of each
 chunk (the data of one server-sent event, without the final [DONE]).
 """
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from syntrop.config import Paths
 from syntrop.routerd.config import ProviderConfig
-
-
-class ProviderError(Exception):
-    """A provider could not answer. `status` is the HTTP status routerd
-    answers with when no other candidate can: 502 garbage or unreachable,
-    504 too slow, or the upstream's own 4xx (not retried: the request is at
-    fault, not the provider)."""
-
-    def __init__(self, status: int, message: str, *, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retryable = retryable
-
-
-class Provider(Protocol):
-    config: ProviderConfig
-
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes: ...
-
-    def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]: ...
-
-    async def list_models(self) -> list[str]: ...
+from syntrop.routerd.providers.base import Provider, ProviderError
 
 
 def _openai(config: ProviderConfig, paths: Paths) -> Provider:
@@ -60,3 +37,5 @@ REGISTRY: dict[str, Callable[[ProviderConfig, Paths], Provider]] = {
     "runtimed": _runtimed,
     "peer": _peer,
 }
+
+__all__ = ["REGISTRY", "Provider", "ProviderError"]

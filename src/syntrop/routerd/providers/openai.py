@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import h11
 
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.providers.base import ProviderError
 from syntrop.routerd.sse import SSEParser
 
 #: The most of an upstream's non-streamed answer routerd holds.

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.providers.base import ProviderError
 from syntrop.routerd.providers.openai import OpenAIProvider
 
 

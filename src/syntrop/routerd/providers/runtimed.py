@@ -14,7 +14,7 @@ from typing import Any
 from syntrop.config import Paths
 from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.providers.base import ProviderError
 
 logger = logging.getLogger(__name__)
 
