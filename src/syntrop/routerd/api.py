@@ -71,16 +71,7 @@ def check(endpoint: str, body: Any) -> None:
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("stream must be a boolean", "stream")
     if endpoint == "embeddings":
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(
-                isinstance(t, str) for t in texts):
-            raise BadRequest("input must be a string or a non-empty list of strings", "input")
-        if body.get("encoding_format", "float") not in ("float", "base64"):
-            raise BadRequest("encoding_format must be float or base64", "encoding_format")
-        if body.get("stream"):
-            raise BadRequest("embeddings are not streamed", "stream")
+        _check_embeddings(body)
     elif endpoint == "chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -89,6 +80,23 @@ def check(endpoint: str, body: Any) -> None:
                              "messages")
     elif not isinstance(body.get("prompt"), str):
         raise BadRequest("prompt must be a string", "prompt")
+    _check_sampling(body)
+
+
+def _check_embeddings(body: dict[str, Any]) -> None:
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise BadRequest("input must be a string or a non-empty list of strings", "input")
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        raise BadRequest("encoding_format must be float or base64", "encoding_format")
+    if body.get("stream"):
+        raise BadRequest("embeddings are not streamed", "stream")
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """The token budget, seed, temperature, top_p, n and response_format."""
     for name in ("max_tokens", "max_completion_tokens", "seed"):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -426,21 +426,7 @@ class Gateway:
             return Response(200, render(self).encode(),
                             "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            if method != "GET":
-                return error(405, "use GET")
-            await self.rediscover()
-            data = [{"id": m, "object": "model", "created": 0, "owned_by": p}
-                    for m, p in self.models()]
-            data += [{"id": a, "object": "model", "created": 0, "owned_by": "routerd"}
-                     for a in scoring.ALIASES]
-            if path == "/v1/models":
-                return ok({"object": "list", "data": data})
-            from urllib.parse import unquote
-
-            wanted = unquote(path.removeprefix("/v1/models/"))
-            found = next((m for m in data if m["id"] == wanted), None)
-            return ok(found) if found is not None else error(
-                404, f"no provider lists the model {wanted!r}", "model_not_found", "model")
+            return await self._models(method, path)
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")
@@ -490,6 +476,24 @@ class Gateway:
             if stream is None:
                 self.admission.leave(traffic)
                 self.changed()
+
+    async def _models(self, method: str, path: str) -> Response:
+        """GET /v1/models and /v1/models/{id}: every provider's, and the aliases."""
+        if method != "GET":
+            return error(405, "use GET")
+        await self.rediscover()
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": p}
+                for m, p in self.models()]
+        data += [{"id": a, "object": "model", "created": 0, "owned_by": "routerd"}
+                 for a in scoring.ALIASES]
+        if path == "/v1/models":
+            return ok({"object": "list", "data": data})
+        from urllib.parse import unquote
+
+        wanted = unquote(path.removeprefix("/v1/models/"))
+        found = next((m for m in data if m["id"] == wanted), None)
+        return ok(found) if found is not None else error(
+            404, f"no provider lists the model {wanted!r}", "model_not_found", "model")
 
     def _failed(self, failure: ProviderError) -> Response:
         if not failure.retryable:

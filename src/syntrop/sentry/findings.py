@@ -275,28 +275,28 @@ def _linked_change(at: int, facts: UnitFacts, failure_usec: int, journal: Sequen
     return bool(why), tuple(why)
 
 
-def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[str],
-         facts: UnitFacts, failure_usec: int, *, attempts: int = 0) -> list[Finding]:
-    """The findings of a failure; `attempts` counts sentry's earlier
-    remediations of this unit in the breaker's window."""
-    found: list[Finding] = []
-    if trigger in ("job_dependency", "dependency_healed") or facts.failed_dependencies:
-        failed = facts.failed_dependencies
-        evidence = {"job_dependency": ("systemd's job result: dependency",),
-                    "dependency_healed": ("the dependency it waited for is healed",)}
-        # Not failed now: the one that went down last, around this failure
-        # (sentry may have healed it while this unit's signal queued).
-        recent = sorted(((at, dep) for dep, at in facts.dependencies_down
-                         if at and failure_usec - DIED_AFTER_USEC <= at
-                         <= failure_usec + SLACK_USEC), reverse=True)
-        subject = failed[0] if failed else (recent[0][1] if recent else None)
-        found.append(Finding(
-            kind=DEPENDENCY, subject=subject, linked=True,
-            evidence=evidence.get(trigger, ()) + tuple(f"{dep} is failed" for dep in failed)
-            + tuple(f"{dep} went down {abs(failure_usec - at) / SECOND:.0f} s "
-                    f"{'before' if at <= failure_usec else 'after'} it, is back now"
-                    for at, dep in recent[:1] if not failed)))
-        return found  # the unit never ran: nothing of its own is to blame
+def _dependency(trigger: str, facts: UnitFacts, failure_usec: int) -> Finding:
+    """A unit that did not start because a dependency failed: which one."""
+    failed = facts.failed_dependencies
+    evidence = {"job_dependency": ("systemd's job result: dependency",),
+                "dependency_healed": ("the dependency it waited for is healed",)}
+    # Not failed now: the one that went down last, around this failure
+    # (sentry may have healed it while this unit's signal queued).
+    recent = sorted(((at, dep) for dep, at in facts.dependencies_down
+                     if at and failure_usec - DIED_AFTER_USEC <= at
+                     <= failure_usec + SLACK_USEC), reverse=True)
+    subject = failed[0] if failed else (recent[0][1] if recent else None)
+    return Finding(
+        kind=DEPENDENCY, subject=subject, linked=True,
+        evidence=evidence.get(trigger, ()) + tuple(f"{dep} is failed" for dep in failed)
+        + tuple(f"{dep} went down {abs(failure_usec - at) / SECOND:.0f} s "
+                f"{'before' if at <= failure_usec else 'after'} it, is back now"
+                for at, dep in recent[:1] if not failed))
+
+
+def _exit(facts: UnitFacts) -> list[Finding]:
+    """How the main process ended, and whether its program was there."""
+    found = []
     if facts.exec_main_code == CLD_EXITED and facts.exec_main_status:
         found.append(Finding(kind=EXIT, subject=f"main process exited with status "
                                                 f"{facts.exec_main_status}"))
@@ -310,6 +310,18 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
         found.append(Finding(kind=EXEC_MISSING, subject=program, linked=True,
                              evidence=tuple(f"{p} does not exist" for p in facts.missing_exec)
                              or ("exit status 203 (systemd could not execute it)",)))
+    return found
+
+
+def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[str],
+         facts: UnitFacts, failure_usec: int, *, attempts: int = 0) -> list[Finding]:
+    """The findings of a failure; `attempts` counts sentry's earlier
+    remediations of this unit in the breaker's window."""
+    found: list[Finding] = []
+    if trigger in ("job_dependency", "dependency_healed") or facts.failed_dependencies:
+        # The unit never ran: nothing of its own is to blame.
+        return [_dependency(trigger, facts, failure_usec)]
+    found += _exit(facts)
     if facts.need_daemon_reload:
         found.append(Finding(kind=STALE_DEFINITION, subject=facts.fragment_path or None,
                              linked=True, evidence=("NeedDaemonReload=yes",)))

@@ -178,6 +178,12 @@ def reverse_patch(after: str, diff: str) -> str | None:
         else:
             return None
     close()
+    return _unapply(after, hunks)
+
+
+def _unapply(after: str, hunks: list[tuple[int, int, list[str], list[str]]]) -> str | None:
+    """`after` with each hunk's new lines put back to its old ones; None
+    when a hunk's new lines are not where it says."""
     lines = after.splitlines(keepends=True)
     out: list[str] = []
     position = 0
