@@ -9,11 +9,14 @@ routerd computes the same chain from a request, as it would send it, and
 routes to the provider holding the deepest digest of it. A digest is a
 routing hint only: runtimed reuses KV by comparing tokens, never by digest.
 
-No I/O; hashlib only.
+No I/O, and not hashlib: `import hashlib` loads OpenSSL's libcrypto, about
+3 MiB of routerd's 24 MiB budget. CPython's own SHA-256 gives the same
+digests.
 """
 
-import hashlib
+import importlib
 from collections.abc import Collection, Sequence
+from typing import Any
 
 #: Hex characters kept of each digest (64 bits: collisions do not matter
 #: for a hint, and a fleet record stays small).
@@ -23,9 +26,18 @@ DIGEST_HEX = 16
 REPORT_FIRST, REPORT_LAST = 4, 12
 
 
+def sha256(data: bytes = b"") -> Any:
+    """A SHA-256 object (update, copy, hexdigest), CPython's builtin one."""
+    try:
+        module = importlib.import_module("_sha2")  # Python 3.12 and later
+    except ImportError:
+        module = importlib.import_module("_sha256")
+    return module.sha256(data)
+
+
 def chain(turns: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:
     """Each prefix's digest and its length in characters of text."""
-    state = hashlib.sha256(b"syntrop-chat-prefix")
+    state = sha256(b"syntrop-chat-prefix")
     out, chars = [], 0
     for role, text in turns:
         encoded = text.encode()

@@ -218,6 +218,6 @@ def candidates(
 
 
 def _rendezvous(key: str, provider: str) -> str:
-    import hashlib
+    from syntrop.prefix import sha256  # not hashlib: it maps libcrypto
 
-    return hashlib.sha256(f"{key}\0{provider}".encode()).hexdigest()
+    return str(sha256(f"{key}\0{provider}".encode()).hexdigest())
