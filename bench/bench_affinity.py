@@ -115,7 +115,9 @@ def nodes(root: Path, fleet: str | None) -> Iterator[dict[str, int]]:
                            check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
             started.append(directory)
         for port in ports.values():  # the model loaded on every node
-            wait_for(lambda port=port: ask(port, [{"role": "user", "content": "Hi"}]))
+            def answered(port: int = port) -> tuple[float, str]:
+                return ask(port, [{"role": "user", "content": "Hi"}])
+            wait_for(answered)
         if fleet:
             wait_for(lambda: all(len(members(d)) == 2 for d in started))
         yield ports

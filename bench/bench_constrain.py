@@ -91,7 +91,8 @@ def timed(llama: Any, seed: int, budget: int, sampling: dict[str, Any],
 
 def measure(path: Path, *, rounds: int, threads: int, tokens: int,
             sampling: dict[str, Any]) -> dict[str, Any]:
-    from llama_cpp import Llama, LlamaGrammar, LogitsProcessorList
+    from llama_cpp import Llama, LogitsProcessorList
+    from llama_cpp.llama_grammar import LlamaGrammar
 
     from syntrop.runtimed.cpu import ready
 

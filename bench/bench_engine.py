@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,13 @@ def measure(path: str, threads: int) -> dict[str, Any]:
                   n_threads_batch=threads, verbose=False)
     vocab = llama.n_vocab()
     prompt = [(17 + 31 * i) % (vocab - 10) + 5 for i in range(PROMPT_TOKENS)]
+    reset: Callable[[], None] = llama.reset  # unannotated in llama-cpp-python
     llama.eval(prompt[:8])  # warm the buffers
-    llama.reset()
+    reset()
     started = time.perf_counter()
     llama.eval(prompt)
     prefill = PROMPT_TOKENS / (time.perf_counter() - started)
-    llama.reset()
+    reset()
     llama.eval(llama.tokenize(b"1, 2, 3, 4, 5, 6, 7, 8,", add_bos=True))
     produced = 0
     started = time.perf_counter()

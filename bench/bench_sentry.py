@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from syntrop.sentry import findings
 from syntrop.sentry.config import Config
@@ -44,7 +44,7 @@ async def _phases() -> Phases:
     async def context(unit: str, failure: int) -> Facts:
         return Facts(failure_usec=failure)
 
-    async def fail(*_: object) -> str:
+    async def fail(*_: object) -> NoReturn:
         raise ConnectionRefusedError
 
     async def execute(unit: str, plan: Plan) -> Executed:

@@ -155,8 +155,8 @@ def test_varlink_check_rejects_bad_calls() -> None:
     """The independent oracle above can fail."""
     from asyncvarlink.conversion import ConversionError
 
-    good = {"method": "io.syntrop.Inference1.AcquireLease",
-            "parameters": {"priority": "batch", "memory_bytes": 5}}
+    good: dict[str, Any] = {"method": "io.syntrop.Inference1.AcquireLease",
+                           "parameters": {"priority": "batch", "memory_bytes": 5}}
     varlink_check("io.syntrop.Inference1", "AcquireLease", good)
     with pytest.raises(AssertionError):
         varlink_check("io.syntrop.Inference1", "AcquireLease",

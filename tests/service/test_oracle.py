@@ -17,6 +17,7 @@ import pytest
 from syntrop.interfaces.model import Model1
 from syntrop.runtimed.oracle import forward
 from syntrop.runtimed.oracle.compare import format_report, verify
+from syntrop.runtimed.oracle.weights import Config
 from syntrop.varlink.client import connect
 from tests import tinymodel
 from tests.models import require_llama, smollm2
@@ -54,7 +55,7 @@ def test_a_wrong_forward_pass_disagrees(tmp_path_factory: pytest.TempPathFactory
                                         bug: str) -> None:
     right_rope = forward.rope
 
-    def reordered_rope(x: np.ndarray, positions: np.ndarray, config: forward.Config) -> np.ndarray:
+    def reordered_rope(x: np.ndarray, positions: np.ndarray, config: Config) -> np.ndarray:
         # rotate (i, i + n_rot/2) pairs instead of adjacent ones
         n = config.n_rot
         order = np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
@@ -65,7 +66,7 @@ def test_a_wrong_forward_pass_disagrees(tmp_path_factory: pytest.TempPathFactory
         out[..., :n] = out[..., :n][..., order]
         return out
 
-    def tiled(x: np.ndarray, config: forward.Config) -> np.ndarray:
+    def tiled(x: np.ndarray, config: Config) -> np.ndarray:
         # query head j reading KV head j % n_kv instead of j // group
         return np.concatenate([x] * (config.n_head // config.n_head_kv), axis=1)
 

@@ -193,7 +193,7 @@ def config(name: str, port: int, etcd: list[str], upstream_port: int | None) -> 
 
 
 def words_of(sse: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for line in sse.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
             chunk = json.loads(line[6:])

@@ -157,7 +157,7 @@ def test_json_schema_output_validates_every_time_at_temperature_1(node: Node) ->
         jsonschema.validate(json.loads(text), CITY)
 
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city now.",
         "parameters": {"type": "object", "additionalProperties": False,
@@ -327,7 +327,7 @@ def test_a_bad_role_is_a_400_that_says_which_parameter(node: Node) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         _client(node).chat.completions.create(
             model="smollm2", max_tokens=4,
-            messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[misc,list-item]
+            messages=[{"role": "wizard", "content": "hi"}])
     assert "messages" in str(caught.value), caught.value
 
 

@@ -586,7 +586,7 @@ def test_unload_on_request_and_under_memory_pressure(tmp_path: Path) -> None:
             assert load["loaded_models"] == [] and load["resident_bytes"] == 0
             with pytest.raises(VarlinkErrorReply) as raised:
                 await runtime.Unload(model="")
-            assert raised.value.parameters["parameter"] == "model"
+            assert raised.value.paramstojson()["parameter"] == "model"
             # Loaded again; the CLI unloads it.
             await collect(runtime.Complete(model="smollm2", prompt="1, 2,", sampling=greedy(2)))
         unload = await asyncio.to_thread(syn, "unload")

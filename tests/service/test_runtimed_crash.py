@@ -39,7 +39,8 @@ class Crashable(Node):
     async def worker(self, model: str) -> EngineWorker:
         async with await self.runtimed() as runtime:
             engine = await runtime.GetEngine()
-        return next(w for w in engine["workers"] if w.model == model)
+        worker: EngineWorker = next(w for w in engine["workers"] if w.model == model)
+        return worker
 
     async def kill(self, model: str, signum: int = signal.SIGSEGV) -> int:
         """Signal `model`'s worker; its pid."""

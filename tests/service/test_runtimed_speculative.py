@@ -158,7 +158,7 @@ def test_bad_speculation_is_refused_before_any_token(node: Node, wire: Sampling,
     with pytest.raises(VarlinkErrorReply) as raised:
         node.run(main())
     assert isinstance(raised.value, kind), raised.value
-    assert raised.value.parameters[parameter]
+    assert raised.value.paramstojson()[parameter]
 
     async def load() -> Any:
         async with await node.runtimed() as runtime:

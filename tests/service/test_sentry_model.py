@@ -65,6 +65,7 @@ def sentry(root: Path, decide_ms: int) -> Any:
 
 
 def phase(incident: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any]
     [found] = [p for p in incident["phases"] if p["name"] == name]
     return found
 

@@ -202,7 +202,8 @@ def unavailable() -> str | None:
     return None
 
 
-def wait_until(what: str, probe: Callable[[], T], timeout: float, interval: float = 0.02) -> T:
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float,
+               interval: float = 0.02) -> T:
     """Poll `probe` until it returns something true; its value, or TimeoutError."""
     deadline = time.monotonic() + timeout
     while True:

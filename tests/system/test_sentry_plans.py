@@ -122,7 +122,9 @@ def plan_of(incident: dict[str, Any]) -> list[tuple[str, str]]:
 def took(incident: dict[str, Any]) -> float:
     """From the failure signal to the end of the plan (the unit active)."""
     [execute] = [p for p in incident["phases"] if p["name"] == "execute"]
-    return (execute["started_usec"] + execute["duration_usec"] - incident["detected_usec"]) / 1e6
+    seconds: float = (execute["started_usec"] + execute["duration_usec"]
+                      - incident["detected_usec"]) / 1e6
+    return seconds
 
 
 def record(scenario: str, incident: dict[str, Any],
@@ -267,9 +269,11 @@ def broken_dependency(instance: Instance, db: str, app: str, restart: str = "") 
     # start job gives the dependent's job the result `dependency`.
     instance.write(bad, "[Service]\nExecStartPre=/bin/sh -c 'echo bad setting >&2; exit 3'\n")
     for path in (benign, bad):
-        wait_until(f"contextd recorded {path}", lambda path=path: any(
-            e.get("path") == path for e in call(instance, "ListEvents", interface=CONTEXT,
-                                                kind="dropin")["events"]), 10)
+        def recorded(path: str = path) -> bool:
+            return any(e.get("path") == path
+                       for e in call(instance, "ListEvents", interface=CONTEXT,
+                                     kind="dropin")["events"])
+        wait_until(f"contextd recorded {path}", recorded, 10)
     instance.systemctl("daemon-reload")
     instance.systemctl("start", app, check=False)
     return benign, bad

@@ -136,6 +136,7 @@ def tool_of(incident: dict[str, Any]) -> str:
 
 
 def phase(incident: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any]
     [found] = [p for p in incident["phases"] if p["name"] == name]
     return found
 
@@ -143,7 +144,9 @@ def phase(incident: dict[str, Any], name: str) -> dict[str, Any]:
 def healed_in(incident: dict[str, Any]) -> float:
     """From the failure signal to the end of the action (the unit active)."""
     execute = phase(incident, "execute")
-    return (execute["started_usec"] + execute["duration_usec"] - incident["detected_usec"]) / 1e6
+    seconds: float = (execute["started_usec"] + execute["duration_usec"]
+                      - incident["detected_usec"]) / 1e6
+    return seconds
 
 
 # --- a package upgrade changes the unit's config --------------------------------

@@ -42,7 +42,7 @@ def _loaders() -> dict[str, tuple[str, Callable[[Path], Any], str, str]]:
 DAEMONS = ("inferenced", "modeld", "runtimed", "contextd", "toold", "sentry", "routerd")
 #: The bad files: (name, contents given the table and key), and whether the
 #: message must name the key.
-BAD = {
+BAD: dict[str, tuple[Callable[[str, str], str], bool]] = {
     "syntax": (lambda table, key: f"[{table}\n{key} = 1\n", False),
     "string for a number": (lambda table, key: f'[{table}]\n{key} = "8"\n', True),
     "boolean for a number": (lambda table, key: f"[{table}]\n{key} = true\n", True),

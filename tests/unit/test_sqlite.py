@@ -43,8 +43,9 @@ def test_concurrent_work_shares_commits_and_a_failure_is_undone_alone(tmp_path: 
 def test_a_lone_caller_is_committed_at_once(tmp_path: Path) -> None:
     db = Database(tmp_path / "t.db", SCHEMA)
     for key in range(3):
-        assert asyncio.run(db.batched(lambda c, key=key: c.execute(
-            "INSERT INTO t VALUES (?, 'x')", (key,)).rowcount)) == 1
+        def insert(c: sqlite3.Connection, key: int = key) -> int:
+            return c.execute("INSERT INTO t VALUES (?, 'x')", (key,)).rowcount
+        assert asyncio.run(db.batched(insert)) == 1
     assert db.commits == 3
     with pytest.raises(sqlite3.IntegrityError):
         asyncio.run(db.batched(lambda c: c.execute("INSERT INTO t VALUES (0, 'dup')")))

@@ -1,6 +1,6 @@
 """Journal slices with a fake journalctl: what is asked, what is kept."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from syntrop.contextd.journal import (
@@ -33,7 +33,9 @@ class FakeJournal:
     def __call__(self, argv: Sequence[str], limit: int) -> Result:
         self.calls.append((list(argv), limit))
         rows = [e for e in self.entries if _matches(e, argv)]
-        for option, keep in (("--until=", lambda t, b: t <= b), ("--since=", lambda t, b: t >= b)):
+        bounds: tuple[tuple[str, Callable[[int, int], bool]], ...] = (
+            ("--until=", lambda t, b: t <= b), ("--since=", lambda t, b: t >= b))
+        for option, keep in bounds:
             value = next((a.split("=@")[1] for a in argv if a.startswith(option)), None)
             if value is not None:
                 seconds, _, micros = value.partition(".")

@@ -32,6 +32,7 @@ def test_created_and_deleted(tmp_path: Path) -> None:
     assert created is not None and created.action == "created"
     assert created.diff is not None and created.diff.startswith("--- /dev/null\n")
     state = snap(path)
+    assert state is not None
     path.unlink()
     assert snap(path) is None
     deleted = compare(str(path), state, None, max_diff_bytes=4096)

@@ -27,9 +27,12 @@ def test_template_is_not_a_runtime_name() -> None:
 def test_roles() -> None:
     assert units.role(("nginx.service",)) == units.Role(
         "unit_file", "nginx.service", "unit:nginx.service", "unit file")
-    assert units.role(("nginx.service.d", "override.conf")).key == "unit:nginx.service"
-    assert units.role(("service.d", "10-all.conf")).key == "unit:*.service"
-    assert units.role(("foo-.service.d", "x.conf")).unit == "foo-.service"
+    drop_in = units.role(("nginx.service.d", "override.conf"))
+    assert drop_in is not None and drop_in.key == "unit:nginx.service"
+    for_all = units.role(("service.d", "10-all.conf"))
+    assert for_all is not None and for_all.key == "unit:*.service"
+    dashed = units.role(("foo-.service.d", "x.conf"))
+    assert dashed is not None and dashed.unit == "foo-.service"
     link = units.role(("multi-user.target.wants", "nginx.service"))
     assert link is not None and link.key == "wants:nginx.service" and link.kind == "unit_file"
     # What systemd ignores, we ignore: backups, temporaries, non-.conf drop-ins.

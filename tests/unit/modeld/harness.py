@@ -46,8 +46,8 @@ class Store:
             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         )
 
-    def syn_json(self, *args: str, **env: str) -> Any:
-        result = self.syn(*args, "--json", **env)
+    def syn_json(self, *args: str, timeout: float = 60, **env: str) -> Any:
+        result = self.syn(*args, "--json", timeout=timeout, **env)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 

@@ -70,11 +70,13 @@ class LoopbackRegistry:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an IPv4 TCP server's
         return f"http://{host}:{port}"
 
     @property
     def host(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str)  # an IPv4 TCP server's
         return f"{host}:{port}"
 
     def start(self) -> "LoopbackRegistry":
@@ -174,10 +176,10 @@ def _handler(registry: LoopbackRegistry) -> type[http.server.BaseHTTPRequestHand
                                   "X-Error-Message": "Access to this repository is restricted"})
                 return
             if path in registry.hf:
-                sha = registry.hf[path]
-                size = registry.blobs[sha].stat().st_size
+                linked = registry.hf[path]
+                size = registry.blobs[linked].stat().st_size
                 self._empty(302, {
-                    "Location": f"{registry.url}/cdn/{sha}", "X-Linked-Etag": f'"{sha}"',
+                    "Location": f"{registry.url}/cdn/{linked}", "X-Linked-Etag": f'"{linked}"',
                     "X-Linked-Size": str(size), "X-Repo-Commit": "0" * 40, "ETag": '"0a1b"',
                 })
                 return

@@ -34,8 +34,8 @@ def test_name_tables_match_the_gguf_package() -> None:
             continue
         assert metadata.FILE_TYPES.get(member.value) == member.name.split("_", 1)[1], member
     assert len(ours) == len(metadata.FILE_TYPES)
-    for member in gguf.GGMLQuantizationType:
-        assert metadata.TENSOR_TYPES.get(member.value) == member.name, member
+    for qtype in gguf.GGMLQuantizationType:
+        assert metadata.TENSOR_TYPES.get(qtype.value) == qtype.name, qtype
 
 
 @settings(max_examples=25, deadline=None,

@@ -10,7 +10,7 @@ import pytest
 
 from syntrop.modeld import refs
 from syntrop.pull.fetch import RangeIgnored, fetch
-from syntrop.pull.registries import RegistryError, Settings, registry_for
+from syntrop.pull.registries import Artifact, RegistryError, Settings, registry_for
 from syntrop.pull.registries.hf import etag_sha256
 from tests.unit.modeld.registry import LoopbackRegistry, serving
 
@@ -30,12 +30,12 @@ def http() -> Iterator[httpx.Client]:
         yield client
 
 
-def resolve(text: str, settings: Settings, http: httpx.Client) -> object:
+def resolve(text: str, settings: Settings, http: httpx.Client) -> Artifact:
     ref = refs.parse(text)
     return registry_for(ref, settings, http).resolve(ref)
 
 
-def collect(http: httpx.Client, artifact: object, offset: int = 0) -> bytes:
+def collect(http: httpx.Client, artifact: Artifact, offset: int = 0) -> bytes:
     read, write = os.pipe()
     import threading
 
@@ -48,7 +48,7 @@ def collect(http: httpx.Client, artifact: object, offset: int = 0) -> bytes:
     thread = threading.Thread(target=drain)
     thread.start()
     try:
-        fetch(http, artifact, offset, write, what="test")  # type: ignore[arg-type]
+        fetch(http, artifact, offset, write, what="test")
     finally:
         os.close(write)
         thread.join()

@@ -12,6 +12,7 @@ import pytest
 
 from syntrop.modeld import staging
 from syntrop.modeld.blobs import BlobTree
+from syntrop.system import files
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def pipe() -> Iterator[tuple[int, int]]:
 
 def feed(write: int, data: bytes, *, close: bool = True) -> threading.Thread:
     def run() -> None:
-        staging.files.write_all(write, data)
+        files.write_all(write, data)
         if close:
             os.close(write)
 
@@ -178,7 +179,7 @@ def test_receiver_checkpoints_when_the_stream_idles(tree: BlobTree) -> None:
 def test_without_o_tmpfile_a_named_staging_file_is_renamed_after_verification(
     tree: BlobTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(staging.files, "open_anonymous", lambda directory: None)
+    monkeypatch.setattr(files, "open_anonymous", lambda directory: None)
     data = os.urandom(100_000)
     source = tmp_path / "model.gguf"
     source.write_bytes(data)

@@ -78,7 +78,7 @@ def test_malformed_tools_say_which_parameter(extra: dict[str, Any], param: str) 
 
 
 def test_messages_carry_instructions_calls_and_results() -> None:
-    body = {"messages": [
+    body: dict[str, Any] = {"messages": [
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
         {"role": "assistant", "content": None, "tool_calls": [

@@ -1,6 +1,7 @@
 """Constraint building: schemas, bounds and declared errors (no model)."""
 
 import json
+from typing import Any
 
 import jsonschema
 import pytest
@@ -66,8 +67,9 @@ def test_call_schema_follows_the_idl() -> None:
                                              "exclusive"]
     assert parameters["properties"]["plane"]["anyOf"][1] == {"type": "null"}
     assert parameters["properties"]["priority"]["maxLength"] == constrain.MAX_STRING
-    valid = {"method": "io.syntrop.Inference1.AcquireLease",
-             "parameters": {"priority": "batch", "memory_bytes": 1, "plane": None}}
+    valid: dict[str, Any] = {"method": "io.syntrop.Inference1.AcquireLease",
+                             "parameters": {"priority": "batch", "memory_bytes": 1,
+                                            "plane": None}}
     jsonschema.validate(valid, schema)
     for bad in ({"method": "io.syntrop.Inference1.Yield", "parameters": valid["parameters"]},
                 {"method": valid["method"], "parameters": {"priority": "batch"}},

@@ -111,8 +111,8 @@ def run(tokens: list[int], stops: tuple[str, ...] = (), logprobs: int | None = 2
         ) -> list[tuple[str, int, list[dict[str, Any]] | None]]:
     pieces: list[tuple[str, int, list[dict[str, Any]] | None]] = []
 
-    def emit(text: str, count: int, entries: list[dict[str, Any]] | None = None) -> None:
-        pieces.append((text, count, entries))
+    def emit(text: str, tokens: int, logprobs: list[dict[str, Any]] | None = None) -> None:
+        pieces.append((text, tokens, logprobs))
 
     output = Output(Llama(), emit, stops, logprobs=logprobs)
     for token in tokens:

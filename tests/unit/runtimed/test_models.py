@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from syntrop.prefix import reported
-from syntrop.runtimed import pool as pool_mod
-from syntrop.runtimed.engine import Options
+from syntrop.runtimed.engine import Engine, Options
 from syntrop.runtimed.pool import REUSE_MIN, Pool
 
 
@@ -34,7 +33,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Context]]:
         made.append(Context())
         return made[-1]
 
-    monkeypatch.setattr(pool_mod.Engine, "load", load)
+    monkeypatch.setattr(Engine, "load", load)
     yield made
 
 
@@ -79,7 +78,8 @@ def test_a_new_prefix_gets_a_new_context_while_there_is_room(loads: list[Context
     pool, (a,) = pool_of(SYSTEM_A)
     fresh = pool.take(OPTIONS, SYSTEM_B, room=2)
     assert fresh is loads[0] and pool.made[OPTIONS] == 2  # type: ignore[comparison-overlap]
-    assert pool.idle[OPTIONS] == [a]  # kept for the prompts that want it
+    # kept for the prompts that want it
+    assert pool.idle[OPTIONS] == [a]  # type: ignore[comparison-overlap]
     pool.close()
 
 
@@ -103,7 +103,8 @@ def test_a_short_shared_opening_is_no_reason_to_evict(loads: list[Context]) -> N
     """A chat template's opening tokens alone do not make a context worth
     reusing while a fresh one may be made."""
     pool, (_a,) = pool_of(SYSTEM_A)
-    assert pool.take(OPTIONS, SYSTEM_A[:REUSE_MIN - 1] + [1] * 40, room=2) is loads[0]
+    opening = SYSTEM_A[:REUSE_MIN - 1] + [1] * 40
+    assert pool.take(OPTIONS, opening, room=2) is loads[0]  # type: ignore[comparison-overlap]
     pool.close()
 
 
@@ -124,7 +125,7 @@ def test_a_failed_load_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     def load(fd: int, options: Options, **_: object) -> Context:
         raise LoadError("truncated")
 
-    monkeypatch.setattr(pool_mod.Engine, "load", load)
+    monkeypatch.setattr(Engine, "load", load)
     pool, _ = pool_of()
     with pytest.raises(InvalidModel):
         pool.take(OPTIONS, SYSTEM_A, room=2)

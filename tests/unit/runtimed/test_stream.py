@@ -7,6 +7,7 @@ worker is a stand-in with the two methods the relay uses."""
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from syntrop.runtimed.streams import relay
@@ -88,6 +89,7 @@ def test_a_client_leaving_early_gives_back_when_the_worker_has_stopped() -> None
         stream = relay(worker, call, done=lambda: log.append("given back"),  # type: ignore[arg-type]
                        received=time.monotonic(),
                        on_result=lambda result: log.append(f"result {result['reason']}"))
+        assert isinstance(stream, AsyncGenerator)  # relay is an async generator function
         await anext(stream)
         await stream.aclose()  # the client went away
         log.append("closed")

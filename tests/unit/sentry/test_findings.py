@@ -40,8 +40,9 @@ def test_a_dropin_changed_before_the_failed_start_is_undone() -> None:
     assert "the start that failed began after it" in cause.evidence
     assert plan.wire() == [{"tool": "revert_dropin",
                             "parameters": {"unit": UNIT, "scope": "persistent"}}]
-    runtime = replace(change, path="/run/systemd/system/web.service.d/x.conf")
-    loaded = replace(RESTARTED, drop_in_paths=(runtime.path,))
+    runtime_path = "/run/systemd/system/web.service.d/x.conf"
+    runtime = replace(change, path=runtime_path)
+    loaded = replace(RESTARTED, drop_in_paths=(runtime_path,))
     assert decide([runtime], loaded)[2].steps[0].parameters["scope"] == "runtime"
 
 

@@ -81,12 +81,14 @@ class Fakes:
         self.calls.append("release")
         self.released.append(lease_id)
 
-    def phases(self, **override: Callable[..., Awaitable[Any]]) -> Phases:
-        base: dict[str, Callable[..., Awaitable[Any]]] = dict(
-            context=self.context, lease=self.lease, decide=self.decide,
-            execute=self.execute, verify=self.verify, release=self.release)
-        base.update(override)
-        return Phases(**base)
+    def phases(self, *, context: Callable[[str, int], Awaitable[Facts]] | None = None,
+               decide: Callable[[str, list[str], str, list[str], list[Plan]], Awaitable[Plan]]
+               | None = None,
+               gang: Callable[[str, Facts], Awaitable[str]] | None = None) -> Phases:
+        """The fakes' phases, with `context`, `decide` and `gang` where given."""
+        return Phases(context=self.context if context is None else context, lease=self.lease,
+                      decide=self.decide if decide is None else decide, execute=self.execute,
+                      verify=self.verify, release=self.release, gang=gang)
 
 
 async def _hang(*_: object) -> Any:

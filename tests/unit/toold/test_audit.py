@@ -29,8 +29,10 @@ def test_the_log_is_append_only(tmp_path: Path) -> None:
     for statement in ("UPDATE requests SET uid = 5", "DELETE FROM requests",
                       "UPDATE outcomes SET outcome = 'x'", "DELETE FROM outcomes",
                       "DELETE FROM snapshots"):
+        def change(c: sqlite3.Connection, s: str = statement) -> sqlite3.Cursor:
+            return c.execute(s)
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            audit.run_sync(lambda c, s=statement: c.execute(s))
+            audit.run_sync(change)
     audit.close()
     # and after a restart, the same
     again = Audit(tmp_path / "toold.db")

@@ -16,7 +16,8 @@ def shape(vtype: Any) -> str:
     if isinstance(vtype, scanner._Dict):
         return "[string]" + shape(vtype.element_type)
     if isinstance(vtype, scanner._CustomType):
-        return vtype.name
+        name: str = vtype.name
+        return name
     if isinstance(vtype, scanner._Object):
         return "object"
     if isinstance(vtype, scanner._Enum):

@@ -2,10 +2,10 @@
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import pytest
-from asyncvarlink import TypedVarlinkErrorReply
+from asyncvarlink import AnnotatedResult, TypedVarlinkErrorReply, varlinksignature
 
 from syntrop.varlink.contract import Interface, implements, method
 from syntrop.varlink.idl import IdlError, parse_doc
@@ -33,7 +33,7 @@ class Test1(Interface, name="io.syntrop.Test1"):
     errors = (Oops,)
 
     @method
-    def Split(self, *, value: int, label: str | None = None) -> Pair:
+    def Split(self, *, value: int, label: str | None = None) -> Pair:  # type: ignore[empty-body]
         """Split a value.
 
         Parameters:
@@ -47,7 +47,7 @@ class Test1(Interface, name="io.syntrop.Test1"):
         """
 
     @method(return_parameter="item")
-    def Count(self, *, upto: int) -> AsyncIterator[int]:
+    def Count(self, *, upto: int) -> AsyncIterator[int]:  # type: ignore[empty-body]
         """Count.
 
         Parameters:
@@ -84,16 +84,19 @@ def test_rendering_documents_every_field() -> None:
 
 
 def test_implementation_keeps_contract_signature() -> None:
-    signature = Service.Split._varlink_signature
-    assert not signature.asynchronous
-    assert Service.Count._varlink_signature.more
-    result = Service().Split(value=3, label="x")
+    signature = varlinksignature(Service.Split)
+    assert signature is not None and not signature.asynchronous
+    streaming = varlinksignature(Service.Count)
+    assert streaming is not None and streaming.more
+    # the class wraps an implementation: it answers with a reply, not the bare value
+    result = cast(AnnotatedResult, Service().Split(value=3, label="x"))
     assert result.parameters == {"left": 3, "right": "x"}
 
 
 def test_streaming_implementation_yields() -> None:
     async def collect() -> list[int]:
-        return [r.parameters["item"] async for r in Service().Count(upto=3)]
+        replies = cast(AsyncIterator[AnnotatedResult], Service().Count(upto=3))
+        return [r.parameters["item"] async for r in replies]
 
     assert asyncio.run(collect()) == [0, 1, 2]
 
@@ -112,7 +115,7 @@ def test_streaming_implementation_must_be_async_generator() -> None:
 
         class Bad(Test1):
             @implements
-            def Count(self, *, upto: int) -> AsyncIterator[int]:  # type: ignore[override]
+            def Count(self, *, upto: int) -> AsyncIterator[int]:
                 raise NotImplementedError
 
 

@@ -30,7 +30,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
     """Probe."""
 
     @method
-    def Who(self) -> WhoResult:
+    def Who(self) -> WhoResult:  # type: ignore[empty-body]
         """Who calls.
 
         Returns:
@@ -39,7 +39,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
         """
 
     @method(return_parameter="n")
-    def Count(self, *, upto: int) -> AsyncIterator[int]:
+    def Count(self, *, upto: int) -> AsyncIterator[int]:  # type: ignore[empty-body]
         """Count.
 
         Parameters:
@@ -50,7 +50,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
         """
 
     @method(return_parameter="size")
-    def Size(self, *, fd: FileDescriptor) -> int:
+    def Size(self, *, fd: FileDescriptor) -> int:  # type: ignore[empty-body]
         """Size of a passed file.
 
         Parameters:
@@ -61,7 +61,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
         """
 
     @method
-    def Memfd(self, *, size: int) -> MemfdResult:
+    def Memfd(self, *, size: int) -> MemfdResult:  # type: ignore[empty-body]
         """A memfd.
 
         Parameters:
@@ -85,7 +85,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
         """Raise an unexpected exception."""
 
     @method(return_parameter="n")
-    def Later(self, *, upto: int) -> int:
+    def Later(self, *, upto: int) -> int:  # type: ignore[empty-body]
         """A method the service leaves unimplemented.
 
         Parameters:
@@ -96,7 +96,7 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
         """
 
     @method(return_parameter="n")
-    def LaterStream(self, *, upto: int) -> AsyncIterator[int]:
+    def LaterStream(self, *, upto: int) -> AsyncIterator[int]:  # type: ignore[empty-body]
         """A streaming method the service leaves unimplemented.
 
         Parameters:
