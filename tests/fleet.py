@@ -48,6 +48,12 @@ class Cluster:
             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
+    def start_all(self) -> None:
+        """Every member, and wait until each says it is healthy."""
+        for name in self.names:
+            self.start(name)
+        wait("etcd healthy", lambda: all(self.healthy(n) for n in self.names), 30)
+
     def kill(self, name: str) -> None:
         process = self.processes.pop(name)
         process.kill()

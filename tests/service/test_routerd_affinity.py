@@ -69,9 +69,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     cluster = Cluster(tmp_path)
     with ExitStack() as stack:
         stack.callback(cluster.close)
-        for name in cluster.names:
-            cluster.start(name)
-        wait("etcd healthy", lambda: all(cluster.healthy(n) for n in cluster.names), 30)
+        cluster.start_all()
         ports, runtimes, routers = {}, {}, {}
         for name in ("a", "b", "c"):
             root = tmp_path / name

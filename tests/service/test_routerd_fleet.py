@@ -207,9 +207,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node], dict[str, 
     cluster = Cluster(tmp_path)
     with ExitStack() as stack:
         stack.callback(cluster.close)
-        for name in cluster.names:
-            cluster.start(name)
-        wait("etcd healthy", lambda: all(cluster.healthy(n) for n in cluster.names), 30)
+        cluster.start_all()
         # b and c reach etcd (its first member) through relays the test can
         # cut; a talks to all three members.
         relays = {name: Relay(cluster.client["e1"]) for name in ("b", "c")}

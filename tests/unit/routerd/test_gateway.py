@@ -24,13 +24,18 @@ class Slots:
         return {"free_slots": self.free, "total_slots": 2, "models": []}
 
 
+def with_slots() -> tuple[Gateway, Slots]:
+    """A gateway of LOCAL (its GetLoad a stand-in) and REMOTE."""
+    gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)), Paths.from_environment(),
+                      pressure=Pressure(25.0, read=lambda: 0.0))
+    slots = Slots()
+    gateway.providers["local"] = slots  # type: ignore[assignment]
+    return gateway, slots
+
+
 def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() -> None:
     async def main() -> list[list[str]]:
-        gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)),
-                          Paths.from_environment(),
-                          pressure=Pressure(25.0, read=lambda: 0.0))
-        slots = Slots()
-        gateway.providers["local"] = slots  # type: ignore[assignment]
+        gateway, slots = with_slots()
         orders = []
         for free in (0, 2):
             slots.free = free
@@ -62,11 +67,7 @@ def test_no_free_slot_seen_before_our_own_request_ended_is_not_believed() -> Non
     as often): a 'no free slot' seen while our own request held the slot
     must not send the next request elsewhere."""
     async def main() -> list[list[str]]:
-        gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)),
-                          Paths.from_environment(),
-                          pressure=Pressure(25.0, read=lambda: 0.0))
-        slots = Slots()
-        gateway.providers["local"] = slots  # type: ignore[assignment]
+        gateway, _ = with_slots()  # no free slot
         orders = []
         gateway._load_at = float("-inf")
         gateway.throttled()  # sees no free slot (our request holds it)
