@@ -119,7 +119,10 @@ def test_each_prompt_has_a_home_and_goes_back_to_it(fleet: Fleet) -> None:
         runtimed = runtimes[node_of[homes[topic]]]
         assert held(runtimed), (topic, homes[topic])
     # What each node holds is in its etcd record too.
-    caches = {n: r["caches"]["smollm2"] for n, r in records(etcd).items()}
+    found = records(etcd)
+    assert all(r["free_host_bytes"] > 0 and isinstance(r["memory_some"], float)
+               for r in found.values()), found
+    caches = {n: r["caches"]["smollm2"] for n, r in found.items()}
     assert all(c["capacity"] == 1 for c in caches.values()), caches
     assert {n: c["contexts"] for n, c in caches.items()} == {"a": 1, "b": 1, "c": 1}
     print(f"\n  first TTFT {[round(first[t][0], 2) for t in topics]} s, "

@@ -5,7 +5,7 @@ keeps alive:
 
     {prefix}nodes/{node}  ->  {"node", "endpoint", "models", "free_slots",
                                "memory_some", "free_accelerator_bytes",
-                               "caches", "published"}
+                               "free_host_bytes", "caches", "published"}
 
 where "caches" maps each model its runtimed serves to {"prefixes": the chat
 prefix digests its idle contexts hold, "contexts": how many hold one,

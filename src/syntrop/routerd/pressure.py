@@ -54,3 +54,13 @@ def free_accelerator_bytes() -> int | None:
         if device.vram_total is not None and device.vram_used is not None:
             free = (free or 0) + max(0, device.vram_total - device.vram_used)
     return free
+
+
+def free_host_bytes() -> int | None:
+    """Host memory available (MemAvailable); None when unreadable."""
+    from syntrop.system import sysfs
+
+    try:
+        return sysfs.memory().available or None
+    except OSError:
+        return None

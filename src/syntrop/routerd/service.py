@@ -99,7 +99,7 @@ class RouterService(Router1):
     async def fleet_load(self) -> dict[str, object]:
         """What this node publishes to the fleet: its own models and load,
         runtimed's as it answers now."""
-        from syntrop.routerd.pressure import free_accelerator_bytes
+        from syntrop.routerd.pressure import free_accelerator_bytes, free_host_bytes
 
         await self.gateway.refresh_load()
         slots = [f for f in self.gateway.free_slots.values() if f is not None]
@@ -112,7 +112,10 @@ class RouterService(Router1):
                 "caches": caches,
                 "free_slots": sum(slots) if slots else None,
                 "memory_some": round(self.gateway.pressure.memory_some(), 1),
-                "free_accelerator_bytes": free_accelerator_bytes()}
+                "free_accelerator_bytes": free_accelerator_bytes(),
+                # In 64 MiB steps: the record is written again only when
+                # something in it changes.
+                "free_host_bytes": (free_host_bytes() or 0) >> 26 << 26 or None}
 
     @implements
     def GetStatus(self) -> StatusResult:
