@@ -1,6 +1,7 @@
 """syntrop/system/sqlite.py's group commit: concurrent work shares one
 COMMIT, each caller returns once its own work is committed, and one that
-fails is undone alone."""
+fails is undone alone; on the worker thread or, with commit_on_loop, on the
+loop's (checkpointed apart)."""
 
 import asyncio
 import sqlite3
@@ -9,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from syntrop.system.sqlite import Database
+from syntrop.system.sqlite import CHECKPOINT_EVERY, Database
 
 SCHEMA = ("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)",)
 
 
-def test_concurrent_work_shares_commits_and_a_failure_is_undone_alone(tmp_path: Path) -> None:
-    db = Database(tmp_path / "t.db", SCHEMA)
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_concurrent_work_shares_commits_and_a_failure_is_undone_alone(
+        tmp_path: Path, on_loop: bool) -> None:
+    db = Database(tmp_path / "t.db", SCHEMA, commit_on_loop=on_loop)
 
     def insert(key: int, value: str | None) -> Callable[[sqlite3.Connection], int]:
         def write(c: sqlite3.Connection) -> int:
@@ -40,8 +43,9 @@ def test_concurrent_work_shares_commits_and_a_failure_is_undone_alone(tmp_path: 
     assert keys == [k for k in range(100) if k != 13]
 
 
-def test_a_lone_caller_is_committed_at_once(tmp_path: Path) -> None:
-    db = Database(tmp_path / "t.db", SCHEMA)
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_a_lone_caller_is_committed_at_once(tmp_path: Path, on_loop: bool) -> None:
+    db = Database(tmp_path / "t.db", SCHEMA, commit_on_loop=on_loop)
     for key in range(3):
         def insert(c: sqlite3.Connection, key: int = key) -> int:
             return c.execute("INSERT INTO t VALUES (?, 'x')", (key,)).rowcount
@@ -51,3 +55,30 @@ def test_a_lone_caller_is_committed_at_once(tmp_path: Path) -> None:
         asyncio.run(db.batched(lambda c: c.execute("INSERT INTO t VALUES (0, 'dup')")))
     assert db.sync(lambda c: c.execute("SELECT count(*) FROM t").fetchone()[0]) == 3
     db.close()
+
+
+def test_loop_commits_are_checkpointed_by_the_worker(tmp_path: Path) -> None:
+    """commit_on_loop turns automatic checkpoints off (their fsync would
+    stall the loop); the worker copies the WAL into the database every
+    CHECKPOINT_EVERY commits instead."""
+    path = tmp_path / "t.db"
+    db = Database(path, SCHEMA, commit_on_loop=True)
+    empty = path.stat().st_size
+
+    async def commit(key: int) -> None:
+        await db.batched(lambda c: c.execute("INSERT INTO t VALUES (?, ?)", (key, "x" * 4000)))
+
+    async def commits(keys: range) -> None:
+        for key in keys:
+            await commit(key)
+
+    asyncio.run(commits(range(CHECKPOINT_EVERY - 1)))
+    assert path.stat().st_size == empty  # all of it in the WAL still
+    asyncio.run(commits(range(CHECKPOINT_EVERY - 1, CHECKPOINT_EVERY)))
+    assert db._checkpointing is not None
+    db._checkpointing.result(timeout=10)
+    assert path.stat().st_size > CHECKPOINT_EVERY * 4000
+    db.close()
+    other = sqlite3.connect(path)
+    assert other.execute("SELECT count(*) FROM t").fetchone()[0] == CHECKPOINT_EVERY
+    other.close()

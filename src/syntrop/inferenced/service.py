@@ -60,6 +60,10 @@ REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
 FREEZE_TIMEOUT = 0.25
 PSI_CACHE = 0.5
 MAX_NAME = 256
+#: Exit watches kept on processes that hold no lease now, most recent
+#: first: a client that leases again and again keeps one pidfd instead of
+#: opening and closing one per lease.
+IDLE_WATCHES = 64
 
 
 def _check_name(value: str | None, parameter: str) -> None:
@@ -87,8 +91,8 @@ class _Pending:
     released_frozen: list[LeaseRecord] = field(default_factory=list)
     #: Memfds of released leases, closed once committed.
     buffers: list[int] = field(default_factory=list)
-    #: A pid to watch (the lease lives and dies with it).
-    watch: int | None = None
+    #: A process to watch, (pid, start time): the lease lives and dies with it.
+    watch: tuple[int, int | None] | None = None
 
 
 class InferenceService(Inference1):
@@ -108,8 +112,9 @@ class InferenceService(Inference1):
         self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
         self.mount = cgroup.find_mount()
         self.own_cgroup = cgroup.cgroup_of_pid(os.getpid())
-        #: pid -> what stops watching its exit (system.process.watch_exit).
-        self.watches: dict[int, Callable[[], None]] = {}
+        #: pid -> (its start time, what stops watching its exit
+        #: (system.process.watch_exit)), the most recently used last.
+        self.watches: dict[int, tuple[int | None, Callable[[], None]]] = {}
         self.buffers: dict[str, int] = {}  # lease id -> memfd
         self.lock = asyncio.Lock()
         self.freeze_latencies: list[float] = []
@@ -179,7 +184,7 @@ class InferenceService(Inference1):
         for record in self.records.values():
             self._apply_freeze(record, record.lease.state == "frozen")
             if record.lease.pid is not None:
-                self._watch(record.lease.pid)
+                self._watch(record.lease.pid, record.pid_start)
 
     def keep_alive(self) -> bool:
         """Stay up while leases need watching (their pids, their freezes)."""
@@ -249,21 +254,33 @@ class InferenceService(Inference1):
         if frozen:
             self.freeze_latencies.append(time.monotonic() - started)
 
-    def _watch(self, pid: int) -> None:
-        if pid in self.watches:
-            return
-        stop = process.watch_exit(pid, functools.partial(self._process_exited, pid))
-        if stop is not None:
-            self.watches[pid] = stop
+    def _watch(self, pid: int, started: int | None) -> None:
+        held = self.watches.pop(pid, None)
+        if held is not None and held[0] != started:  # the pid was reused
+            held[1]()
+            held = None
+        if held is None:
+            stop = process.watch_exit(pid, functools.partial(self._process_exited, pid, started))
+            if stop is None:
+                return
+            held = (started, stop)
+        self.watches[pid] = held  # the most recently used last
 
     def _unwatch_unused(self) -> None:
+        """Stop watching processes without leases, past the IDLE_WATCHES
+        most recently used."""
+        if len(self.watches) <= IDLE_WATCHES:
+            return
         used = {r.lease.pid for r in self.records.values()}
-        for pid in [pid for pid in self.watches if pid not in used]:
-            self.watches.pop(pid)()
+        unused = [pid for pid in self.watches if pid not in used]
+        for pid in unused[:max(0, len(unused) - IDLE_WATCHES)]:
+            self.watches.pop(pid)[1]()
 
-    def _process_exited(self, pid: int) -> None:
-        self.watches.pop(pid, None)  # watch_exit has stopped watching
-        owned = [r.lease.id for r in self.records.values() if r.lease.pid == pid]
+    def _process_exited(self, pid: int, started: int | None) -> None:
+        if self.watches.get(pid, (started,))[0] == started:
+            self.watches.pop(pid, None)  # watch_exit has stopped watching
+        owned = [r.lease.id for r in self.records.values()
+                 if r.lease.pid == pid and r.pid_start == started]
         if owned:
             task = asyncio.get_running_loop().create_task(self._release_dead(owned))
             task.add_done_callback(_log_failure)
@@ -348,7 +365,8 @@ class InferenceService(Inference1):
             self.records[record.lease.id] = record
         if group is not None:
             self.groups[group.id] = group
-        return grant.leases, _Pending(commit, cgroups=[r.lease.id for r in changed], watch=pid)
+        watch = (pid, pid_start) if pid is not None else None
+        return grant.leases, _Pending(commit, cgroups=[r.lease.id for r in changed], watch=watch)
 
     def _release(self, lease_id: str) -> "_Pending":
         """Release a lease (the lock held) and queue its write; `_settle`
@@ -397,7 +415,7 @@ class InferenceService(Inference1):
         for buffer in pending.buffers:
             os.close(buffer)
         if pending.watch is not None:
-            self._watch(pending.watch)
+            self._watch(*pending.watch)
         self._unwatch_unused()
 
     async def _reload(self) -> None:
@@ -792,7 +810,7 @@ class InferenceService(Inference1):
         if self.trigger is not None:
             loop.remove_reader(self.trigger.fileno())
             self.trigger.close()
-        for stop in self.watches.values():
+        for _, stop in self.watches.values():
             stop()
         self.watches.clear()
         for fd in self.buffers.values():

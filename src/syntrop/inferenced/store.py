@@ -79,6 +79,9 @@ class Model:
     estimated_bytes: int
 
 
+_UPSERT = f"INSERT OR REPLACE INTO leases VALUES ({', '.join('?' * 15)})"
+
+
 def _row(record: LeaseRecord) -> tuple[object, ...]:
     lease = record.lease
     return (
@@ -90,7 +93,9 @@ def _row(record: LeaseRecord) -> tuple[object, ...]:
 
 class Store:
     def __init__(self, path: Path) -> None:
-        self.db = Database(path, MIGRATIONS)
+        # Lease writes are small and on every grant's path: committed on the
+        # loop's thread, grouped per loop iteration (system/sqlite.py).
+        self.db = Database(path, MIGRATIONS, commit_on_loop=True)
 
     def load(self) -> tuple[list[LeaseRecord], list[Group], list[Model], dict[str, str]]:
         def read(c: sqlite3.Connection) -> tuple[
@@ -142,12 +147,12 @@ class Store:
             if group is not None:
                 c.execute("INSERT OR REPLACE INTO groups VALUES (?, ?, ?)",
                           (group.id, group.gang_id, group.gang_policy))
-            c.executemany(
-                f"INSERT OR REPLACE INTO leases VALUES ({', '.join('?' * 15)})",
-                [_row(r) for r in records],
-            )
-            c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
-            c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])
+            if records:
+                c.executemany(_UPSERT, [_row(r) for r in records])
+            if remove:
+                c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
+            if drop_groups:
+                c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])
 
         return self.db.submit(write)
 

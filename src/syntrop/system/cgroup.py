@@ -13,6 +13,8 @@ import select
 import time
 from pathlib import Path
 
+from syntrop.system.process import read_text
+
 
 class CgroupError(Exception):
     """A cgroup operation failed; the message says which and why."""
@@ -49,9 +51,8 @@ def find_mount(*, proc: Path = Path("/proc")) -> Path | None:
 
 def cgroup_of_pid(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     """The v2 cgroup path of a process ("/system.slice/x.service"), or None."""
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
+    text = read_text(f"{proc}/{pid}/cgroup")
+    if text is None:
         return None
     for line in text.splitlines():
         if line.startswith("0::"):

@@ -158,6 +158,12 @@ class _Connection:
             self.reading = False
 
     def _on_readable(self) -> None:
+        if self.task is not None:
+            # Input while a call runs waits in the kernel until it is done.
+            # Paused only now, not when the call began: a client that waits
+            # for each reply (most do) costs no epoll_ctl per call.
+            self._pause_reading()
+            return
         try:
             data, ancdata, flags, _ = self.sock.recvmsg(_RECV_SIZE, _ANCBUF)
         except (BlockingIOError, InterruptedError):
@@ -217,9 +223,7 @@ class _Connection:
             del self.inbuf[: end + 1]
             fds, self.infds = self.infds, []
             self._dispatch(message, fds)
-        if self.task is not None:
-            self._pause_reading()
-        elif self.eof and not self.outq and not self.closed:
+        if self.task is None and self.eof and not self.outq and not self.closed:
             self.close()
         self._arm_partial()
 
