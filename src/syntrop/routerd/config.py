@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, number
+from syntrop.config import ConfigError, integer, number
 
 DEFAULT_LISTEN = ("127.0.0.1:32768", "[::1]:32768")
 KINDS = ("openai", "runtimed", "peer")
@@ -31,6 +31,10 @@ class ProviderConfig:
     context_window: int = 8192
     api_key: str | None = field(default=None, repr=False)
     timeout: float = 60.0
+    #: Idle keep-alive connections kept open to an openai or peer upstream:
+    #: as many as [routing] max_inflight allows in use at once, so that none
+    #: is opened per request once warm (each idle one holds ~4 KiB).
+    idle_connections: int = 256
     #: https endpoints: CA file (default: the system's), client certificate
     #: and key (mutual TLS, LAN peers).
     tls_ca: str = ""
@@ -234,6 +238,7 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
             capability=min(100.0, number(table, "capability", 50.0, where)),
             context_window=int(number(table, "context_window", 8192, where)),
             api_key=api_key, timeout=number(table, "timeout", 60.0, where) or 60.0,
+            idle_connections=integer(table, "idle_connections", 256, where, maximum=4096),
             **tls,
         ))
     default = data.get("default_model")

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP upstream (vLLM, llama-server, ollama, remote
 APIs) through a small h11 client on asyncio streams: keep-alive connections
-reused (a few kept idle per provider), server-sent events relayed chunk by
+reused (up to the provider's `idle_connections` kept idle), server-sent events relayed chunk by
 chunk."""
 
 import asyncio
@@ -18,9 +18,6 @@ from syntrop.routerd.sse import SSEParser
 #: The most of an upstream's non-streamed answer routerd holds.
 MAX_RESPONSE_BYTES = 16 << 20
 READ_SIZE = 65536
-#: Idle keep-alive connections kept per provider.
-MAX_IDLE = 8
-
 _Pair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
@@ -28,11 +25,11 @@ class _Exchange:
     """One request and its response on a fresh connection."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 timeout: float, idle: list[_Pair]) -> None:
+                 timeout: float, idle: list[_Pair], max_idle: int) -> None:
         self.reader, self.writer, self.timeout = reader, writer, timeout
         self.conn = h11.Connection(h11.CLIENT)
         self.status = 0
-        self.idle = idle
+        self.idle, self.max_idle = idle, max_idle
 
     async def event(self) -> Any:
         while True:
@@ -76,7 +73,7 @@ class _Exchange:
         """Back to the idle pool when the exchange ended cleanly and both
         sides keep the connection; closed otherwise."""
         if (self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
-                and len(self.idle) < MAX_IDLE and not self.writer.is_closing()):
+                and len(self.idle) < self.max_idle and not self.writer.is_closing()):
             self.idle.append((self.reader, self.writer))
         else:
             self.writer.close()
@@ -116,8 +113,9 @@ class OpenAIProvider:
                 writer.close()
                 continue
             try:
-                return await self._send(_Exchange(reader, writer, self.config.timeout,
-                                                  self.idle), method, path, body, root)
+                exchange = _Exchange(reader, writer, self.config.timeout, self.idle,
+                                     self.config.idle_connections)
+                return await self._send(exchange, method, path, body, root)
             except ProviderError as failure:
                 if failure.status == 504:
                     raise
@@ -131,7 +129,8 @@ class OpenAIProvider:
             raise ProviderError(504, "upstream did not accept a connection in time") from None
         except OSError as error:
             raise ProviderError(502, f"upstream unreachable: {error.strerror or error}") from None
-        return await self._send(_Exchange(reader, writer, timeout, self.idle),
+        return await self._send(_Exchange(reader, writer, timeout, self.idle,
+                                          self.config.idle_connections),
                                 method, path, body, root)
 
     async def _send(self, exchange: _Exchange, method: str, path: str,
