@@ -33,6 +33,8 @@ import http.client
 import json
 import multiprocessing
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,7 +60,9 @@ CHUNK = b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "c
     "model": "m", "choices": [{"index": 0, "delta": {"content": "hello"},
                                "finish_reason": None}]}).encode() + b"\n\n"
 SSE = [("content-type", "text/event-stream")]
+ACCEPTED = [0]
 async def serve(reader, writer):
+    ACCEPTED[0] += 1
     conn = h11.Connection(h11.SERVER)
     body = b""
     try:
@@ -69,10 +73,17 @@ async def serve(reader, writer):
                 if not data:
                     return
                 conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                target = event.target
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
-                if b'"stream": true' in body:
+                if target == b"/connections":  # how many the proxy opened
+                    count = str(ACCEPTED[0]).encode()
+                    writer.write(conn.send(h11.Response(status_code=200, headers=[
+                        ("content-length", str(len(count)))]))
+                        + conn.send(h11.Data(data=count)) + conn.send(h11.EndOfMessage()))
+                elif b'"stream": true' in body:
                     writer.write(conn.send(h11.Response(status_code=200, headers=SSE))
                         + conn.send(h11.Data(data=CHUNK))
                         + conn.send(h11.Data(data=b"data: [DONE]\n\n"))
@@ -257,6 +268,79 @@ def _concurrent(port: int, pid: int, clients: int, each: int) -> tuple[dict[int,
     return dict(statuses), max(peak[0], _rss_mib(pid))
 
 
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer %s"
+"""
+
+
+def _upstream_connections(up_port: int) -> int:
+    """Connections the upstream has accepted so far (this query's own
+    included)."""
+    connection = http.client.HTTPConnection("127.0.0.1", up_port, timeout=10)
+    connection.request("GET", "/connections")
+    count = int(connection.getresponse().read())
+    connection.close()
+    return count
+
+
+def _wrk(port: int, connections: int, seconds: float, script: Path) -> tuple[float, float]:
+    """requests/s and p99 latency (ms) of wrk with `connections` keep-alive
+    connections, one thread (the machine has two cores: the proxy and the
+    upstream need the rest)."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+         f"http://127.0.0.1:{port}/v1/chat/completions"],
+        capture_output=True, text=True, check=True, timeout=seconds + 30).stdout
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk got errors through the proxy:\n{out}")
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    value, unit = re.search(r"99%\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+    return rate, float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def sweep(up_port: int, levels: list[int], seconds: float) -> dict[str, dict[int, Any]]:
+    """requests/s and p99 of the bare relay and of routerd at each number of
+    connections, the two alternating per level, and the upstream
+    connections routerd opened during each run."""
+    rows: dict[str, dict[int, Any]] = {"minimal": {}, "routerd": {}}
+    with tempfile.TemporaryDirectory() as name:
+        root = Path(name)
+        script = root / "post.lua"
+        script.write_text(WRK_SCRIPT % (BODY.decode(), KEY))
+        processes = {}
+        try:
+            for proxy in rows:
+                port = _free_port()
+                process = _spawn(proxy, port, up_port, root / proxy, max(levels) * 2)
+                assert process is not None
+                _first_200(port, time.perf_counter(), process)
+                processes[proxy] = (port, process)
+            for level in levels:
+                for proxy, (port, process) in processes.items():
+                    _wrk(port, level, 1, script)  # warm: connections opened, pools filled
+                    before = _upstream_connections(up_port)
+                    rate, p99 = _wrk(port, level, seconds, script)
+                    opened = _upstream_connections(up_port) - before - 1
+                    rows[proxy][level] = {"rps": rate, "p99_ms": p99, "upstream_opened": opened,
+                                          "rss": _rss_mib(process.pid)}
+                ours, floor = rows["routerd"][level], rows["minimal"][level]
+                print(f"sweep {level:4} connections: routerd {ours['rps']:7.0f} req/s p99 "
+                      f"{ours['p99_ms']:6.2f} ms | relay {floor['rps']:7.0f} req/s p99 "
+                      f"{floor['p99_ms']:6.2f} ms | {ours['rps'] / floor['rps']:.2f}x, p99 "
+                      f"{ours['p99_ms'] / floor['p99_ms']:.2f}x | upstream connections opened "
+                      f"in {seconds:g} s: routerd {ours['upstream_opened']}, relay "
+                      f"{floor['upstream_opened']} | routerd RSS {ours['rss']:.1f} MiB",
+                      flush=True)
+        finally:
+            for _, process in processes.values():
+                process.terminate()
+                process.wait(10)
+    return rows
+
+
 def _percentiles(times: list[float]) -> tuple[float, float]:
     ordered = sorted(times)
     return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99)] * 1000
@@ -287,7 +371,11 @@ def _first_200(port: int, started: float, process: subprocess.Popen[bytes],
             time.sleep(0.002)
 
 
-def _spawn(name: str, port: int, up_port: int, root: Path) -> subprocess.Popen[bytes] | None:
+def _spawn(name: str, port: int, up_port: int, root: Path,
+           max_connections: int = 0) -> subprocess.Popen[bytes] | None:
+    """Start a proxy; `max_connections` raises routerd's cap on client
+    connections (the default 64 refuses more with 503, by design)."""
+    root.mkdir(exist_ok=True)
     quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     if name == "minimal":
         return subprocess.Popen([sys.executable, "-c", MINIMAL, str(port), str(up_port)],
@@ -297,7 +385,9 @@ def _spawn(name: str, port: int, up_port: int, root: Path) -> subprocess.Popen[b
         config.mkdir(exist_ok=True)
         (root / "run").mkdir(exist_ok=True)
         (config / "routerd.toml").write_text(
-            f'[http]\nlisten = ["127.0.0.1:{port}"]\n[[providers]]\nid = "up"\n'
+            f'[http]\nlisten = ["127.0.0.1:{port}"]\n'
+            + (f"max_connections = {max_connections}\n" if max_connections else "")
+            + '[[providers]]\nid = "up"\n'
             f'kind = "openai"\nendpoint = "http://127.0.0.1:{up_port}/v1"\nmodels = ["m"]\n')
         env = {**os.environ, "CONFIGURATION_DIRECTORY": str(config),
                "RUNTIME_DIRECTORY": str(root / "run"), "SYNTROP_IDLE_TIMEOUT": "0"}
@@ -389,6 +479,10 @@ def main() -> None:
                         help="LiteLLM's share of the load phase and samples (it serves ~50/s "
                              "here: 10,000 would take minutes)")
     parser.add_argument("--only", nargs="*", default=["minimal", "routerd", "litellm"])
+    parser.add_argument("--sweep", type=int, nargs="*", default=[1, 8, 64, 256],
+                        help="connection counts of the wrk sweep, routerd against the bare "
+                             "relay (none: skip it; it needs wrk)")
+    parser.add_argument("--sweep-seconds", type=float, default=4.0)
     args = parser.parse_args()
     up_port = _free_port()
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)],
@@ -406,6 +500,10 @@ def main() -> None:
             row = measure(name, up_port, args, direct, direct_s)
             if row is not None:
                 rows[name] = row
+        if args.sweep and shutil.which("wrk") is None:
+            print("sweep: skipped, no wrk on PATH (scripts/apt-deps installs it)")
+        elif args.sweep:
+            sweep(up_port, args.sweep, args.sweep_seconds)
     finally:
         upstream.terminate()
         upstream.wait()
