@@ -1,7 +1,8 @@
 """The Varlink face of inferenced: io.syntrop.Inference1.
 
-Each method validates, asks the arbiter, persists, applies (cgroup freezer,
-pid watches), then answers. State reaches SQLite before the reply.
+Each method validates, checks who calls, has the lease keeping (leases.py)
+decide, persist and apply (cgroup freezer, pid watches), then answers in
+the contract's terms. State reaches SQLite before the reply.
 
 Preemption: when an EmergencyTriage grant freezes leases, their cgroups are
 frozen before the reply returns (the seed allows 250 ms; we wait for the
@@ -12,12 +13,11 @@ frozen in the books, and the log says why.
 """
 
 import asyncio
-import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 from asyncvarlink import FileDescriptor
@@ -25,6 +25,7 @@ from asyncvarlink import FileDescriptor
 from syntrop.config import Paths
 from syntrop.inferenced import arbiter as arb
 from syntrop.inferenced.config import Config, load
+from syntrop.inferenced.leases import Leases, LinuxHost, NoSuchProcess, Pending
 from syntrop.inferenced.store import Group, LeaseRecord, Model, Store
 from syntrop.inferenced.topology import PlaneInfo, Topology, choose, scan
 from syntrop.interfaces.inference import (
@@ -57,42 +58,11 @@ logger = logging.getLogger(__name__)
 LEVELS = ("normal", "elevated", "critical")
 #: Priorities refused at each pressure level.
 REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
-FREEZE_TIMEOUT = 0.25
 PSI_CACHE = 0.5
 MAX_NAME = 256
-#: Exit watches kept on processes that hold no lease now, most recent
-#: first: a client that leases again and again keeps one pidfd instead of
-#: opening and closing one per lease.
-IDLE_WATCHES = 64
-
-
 def _check_name(value: str | None, parameter: str) -> None:
     if value is not None and (len(value) > MAX_NAME or "\0" in value):
         raise InvalidParameter(parameter=parameter)
-
-
-def _log_failure(task: "asyncio.Task[None]") -> None:
-    """A background release that failed is said, not swallowed: its leases
-    stay held (and are released on the next restart's scan)."""
-    if not task.cancelled() and (error := task.exception()) is not None:
-        logger.error("releasing the leases of an exited process failed: %s", error,
-                     exc_info=error)
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A lease decision made in memory whose write is queued: the commit to
-    await before replying, then what to apply (InferenceService._settle)."""
-
-    commit: "asyncio.Future[None]"
-    #: Leases whose cgroup is brought to their state once committed.
-    cgroups: list[str] = field(default_factory=list)
-    #: Released while frozen: their cgroups are thawed.
-    released_frozen: list[LeaseRecord] = field(default_factory=list)
-    #: Memfds of released leases, closed once committed.
-    buffers: list[int] = field(default_factory=list)
-    #: A process to watch, (pid, start time): the lease lives and dies with it.
-    watch: tuple[int, int | None] | None = None
 
 
 class InferenceService(Inference1):
@@ -104,20 +74,11 @@ class InferenceService(Inference1):
         self.root = self.config.root
         self.topology: Topology = scan(self.root, self.config.topology)
         self.store = Store(paths.state / "inferenced.db")
-        records, groups, models, quarantine = self.store.load()
-        self.records = {r.lease.id: r for r in records}
-        self.groups = {g.id: g for g in groups}
+        _, _, models, quarantine = self.store.load()
         self.models = {m.id: m for m in models}
         self.quarantine = quarantine
-        self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
         self.mount = cgroup.find_mount()
-        self.own_cgroup = cgroup.cgroup_of_pid(os.getpid())
-        #: pid -> (its start time, what stops watching its exit
-        #: (system.process.watch_exit)), the most recently used last.
-        self.watches: dict[int, tuple[int | None, Callable[[], None]]] = {}
-        self.buffers: dict[str, int] = {}  # lease id -> memfd
-        self.lock = asyncio.Lock()
-        self.freeze_latencies: list[float] = []
+        self.leases = Leases(self.store, self._planes, LinuxHost(self.mount))
         self.trigger: psi.Trigger | None = None
         self._psi_cache: tuple[float, dict[str, float]] | None = None
 
@@ -170,21 +131,20 @@ class InferenceService(Inference1):
         self.arbiter.planes = {p.id: p for p in self._planes()}
 
     async def restore(self) -> None:
-        """After a restart: drop leases whose process is gone, re-freeze what
-        must stay frozen, watch the rest."""
-        dead = [
-            r.lease.id
-            for r in self.records.values()
-            if r.lease.pid is not None and not process.alive(r.lease.pid, r.pid_start)
-        ]
-        for lease_id in dead:
-            if lease_id in self.arbiter.leases:
-                logger.info("lease %s: its process is gone, releasing", lease_id)
-                await self._settle(self._release(lease_id))
-        for record in self.records.values():
-            self._apply_freeze(record, record.lease.state == "frozen")
-            if record.lease.pid is not None:
-                self._watch(record.lease.pid, record.pid_start)
+        await self.leases.restore()
+
+    # what the interface reads of the lease keeping
+    @property
+    def arbiter(self) -> arb.Arbiter:
+        return self.leases.arbiter
+
+    @property
+    def records(self) -> dict[str, LeaseRecord]:
+        return self.leases.records
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        return self.leases.lock
 
     def keep_alive(self) -> bool:
         """Stay up while leases need watching (their pids, their freezes)."""
@@ -222,76 +182,6 @@ class InferenceService(Inference1):
                 return True
         return False
 
-    # cgroups and pids --------------------------------------------------------
-
-    def _target_cgroup(self, unit: str | None, pid: int | None) -> str | None:
-        if self.mount is None:
-            return None
-        found = None
-        if unit:
-            found = cgroup.unit_cgroup(self.mount, unit)
-        if found is None and pid is not None:
-            found = cgroup.cgroup_of_pid(pid)
-        if found is None or found == "/":
-            return None
-        if self.own_cgroup is not None and cgroup.contains(found, self.own_cgroup):
-            logger.warning("cgroup %s contains inferenced itself: never frozen", found)
-            return None
-        return found
-
-    def _apply_freeze(self, record: LeaseRecord, frozen: bool) -> None:
-        if record.cgroup is None or self.mount is None:
-            return
-        # Siblings of a composite lease share a cgroup: freeze it once.
-        directory = self.mount / record.cgroup.lstrip("/")
-        started = time.monotonic()
-        try:
-            if cgroup.is_frozen(directory) != frozen:
-                cgroup.set_frozen(directory, frozen, timeout=FREEZE_TIMEOUT)
-        except cgroup.CgroupError as error:
-            logger.warning("lease %s: %s, ignoring", record.lease.id, error)
-            return
-        if frozen:
-            self.freeze_latencies.append(time.monotonic() - started)
-
-    def _watch(self, pid: int, started: int | None) -> None:
-        held = self.watches.pop(pid, None)
-        if held is not None and held[0] != started:  # the pid was reused
-            held[1]()
-            held = None
-        if held is None:
-            stop = process.watch_exit(pid, functools.partial(self._process_exited, pid, started))
-            if stop is None:
-                return
-            held = (started, stop)
-        self.watches[pid] = held  # the most recently used last
-
-    def _unwatch_unused(self) -> None:
-        """Stop watching processes without leases, past the IDLE_WATCHES
-        most recently used."""
-        if len(self.watches) <= IDLE_WATCHES:
-            return
-        used = {r.lease.pid for r in self.records.values()}
-        unused = [pid for pid in self.watches if pid not in used]
-        for pid in unused[:max(0, len(unused) - IDLE_WATCHES)]:
-            self.watches.pop(pid)[1]()
-
-    def _process_exited(self, pid: int, started: int | None) -> None:
-        if self.watches.get(pid, (started,))[0] == started:
-            self.watches.pop(pid, None)  # watch_exit has stopped watching
-        owned = [r.lease.id for r in self.records.values()
-                 if r.lease.pid == pid and r.pid_start == started]
-        if owned:
-            task = asyncio.get_running_loop().create_task(self._release_dead(owned))
-            task.add_done_callback(_log_failure)
-
-    async def _release_dead(self, lease_ids: list[str]) -> None:
-        async with self.lock:
-            for lease_id in lease_ids:
-                if lease_id in self.arbiter.leases:
-                    logger.info("lease %s: its process exited, releasing", lease_id)
-                    await self._settle(self._release(lease_id))
-
     # the core of acquire and release -----------------------------------------
 
     def _pressure_gate(self, priority: str) -> None:
@@ -309,22 +199,20 @@ class InferenceService(Inference1):
         group: Group | None = None,
         slices: list[PlaneSlice] | None = None,
         exclusive: bool = False,
-    ) -> tuple[list[arb.Lease], "_Pending"]:
-        """Decide a grant (the lock held) and queue its write: the leases,
-        and what `_settle` must await and apply before the reply."""
+    ) -> tuple[list[arb.Lease], Pending]:
+        """Decide a grant (the lock held) and queue its write, in the
+        contract's errors; `self.leases.settle` finishes it."""
         peer = current_peer()
         if pid is None:
             pid = peer.pid or None
-        pid_start = process.start_time(pid) if pid is not None else None
-        if pid is not None and pid_start is None:
-            raise InvalidParameter(parameter="pid")
         self._pressure_gate(priority)
-        ids = [f"lease-{os.urandom(6).hex()}" for _ in requests]
         try:
-            grant = self.arbiter.acquire(
-                requests, ids=ids, priority=priority, owner_uid=peer.uid, pid=pid,
-                unit=unit, group=group.id if group else None, exclusive=exclusive,
-            )
+            return self.leases.grant(
+                requests, priority=priority, owner_uid=peer.uid, leaser_pid=peer.pid,
+                unit=unit, pid=pid, group=group, exclusive=exclusive,
+                slices=[(s.role, s.stage_index) for s in slices] if slices else None)
+        except NoSuchProcess:
+            raise InvalidParameter(parameter="pid") from None
         except arb.PlaneUnknown as error:
             raise PlaneNotFound(plane=error.plane) from None
         except arb.PlaneInQuarantine as error:
@@ -339,99 +227,15 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="memory_bytes") from None
         except arb.ArbiterError:
             raise InvalidParameter(parameter="slices") from None
-        target = self._target_cgroup(unit, pid)
-        if target is not None and unit is None and pid != peer.pid and \
-                target == cgroup.cgroup_of_pid(peer.pid):
-            # A child in its parent's cgroup (a daemon's worker that has no
-            # cgroup of its own): freezing it would freeze the caller too.
-            logger.info("lease for pid %s: its cgroup %s is its leaser's; never frozen",
-                        pid, target)
-            target = None
-        new = []
-        for index, lease in enumerate(grant.leases):
-            piece = slices[index] if slices else None
-            new.append(
-                LeaseRecord(
-                    lease=lease, pid_start=pid_start, cgroup=target,
-                    role=piece.role if piece else None,
-                    stage_index=piece.stage_index if piece else None,
-                )
-            )
-        changed = [replace(self.records[v.id], lease=v) for v in grant.preempted]
-        # Memory first, the write queued in decision order; the reply waits
-        # for it (`_settle`), and a write that fails reloads the truth.
-        commit = self.store.save_later(new + changed, group=group)
-        for record in new + changed:
-            self.records[record.lease.id] = record
-        if group is not None:
-            self.groups[group.id] = group
-        watch = (pid, pid_start) if pid is not None else None
-        return grant.leases, _Pending(commit, cgroups=[r.lease.id for r in changed], watch=watch)
 
-    def _release(self, lease_id: str) -> "_Pending":
-        """Release a lease (the lock held) and queue its write; `_settle`
-        applies the thaws once it is committed."""
+    def _release(self, lease_id: str) -> Pending:
         try:
-            released, thawed = self.arbiter.release(lease_id)
+            return self.leases.release(lease_id)
         except arb.LeaseUnknown:
             raise LeaseNotFound(lease_id=lease_id) from None
-        groups = {lease.group for lease in released if lease.group}
-        thawed_records = [replace(self.records[t.id], lease=t) for t in thawed]
-        commit = self.store.save_later(
-            thawed_records, remove=[lease.id for lease in released], drop_groups=sorted(groups)
-        )
-        pending = _Pending(commit, cgroups=[r.lease.id for r in thawed_records])
-        for lease in released:
-            record = self.records.pop(lease.id)
-            if lease.state == "frozen":
-                pending.released_frozen.append(record)
-            buffer = self.buffers.pop(lease.id, None)
-            if buffer is not None:
-                pending.buffers.append(buffer)
-        for group_id in groups:
-            self.groups.pop(group_id, None)
-        for record in thawed_records:
-            self.records[record.lease.id] = record
-        return pending
-
-    async def _settle(self, pending: "_Pending") -> None:
-        """Wait until a decision is committed, then bring the cgroups it
-        touched to the state the arbiter holds *now* (a later decision may
-        have changed it meanwhile). A failed write reloads every lease from
-        the database, which holds the truth, and fails the call."""
-        try:
-            await pending.commit
-        except BaseException as error:
-            logger.error("a lease change was not written (%s): reloading from the database",
-                         error)
-            await self._reload()
-            raise
-        for lease_id in pending.cgroups:
-            record = self.records.get(lease_id)
-            if record is not None:
-                self._apply_freeze(record, record.lease.state == "frozen")
-        for record in pending.released_frozen:
-            self._apply_freeze(record, False)
-        for buffer in pending.buffers:
-            os.close(buffer)
-        if pending.watch is not None:
-            self._watch(*pending.watch)
-        self._unwatch_unused()
-
-    async def _reload(self) -> None:
-        """Leases, groups and the arbiter as the database has them, and
-        every cgroup brought to that state."""
-        async with self.lock:
-            records, groups, _, _ = self.store.load()
-            self.records = {r.lease.id: r for r in records}
-            self.groups = {g.id: g for g in groups}
-            self.arbiter = arb.Arbiter(self._planes(), (r.lease for r in records))
-            for record in records:
-                self._apply_freeze(record, record.lease.state == "frozen")
 
     def _lease_or_gang(self, lease_id: str) -> LeaseRecord:
-        record = self.records.get(lease_id) or next(
-            (r for r in self.records.values() if r.lease.group == lease_id), None)
+        record = self.leases.lease_or_gang(lease_id)
         if record is None:
             raise LeaseNotFound(lease_id=lease_id)
         return record
@@ -534,7 +338,7 @@ class InferenceService(Inference1):
                 exclusive=bool(exclusive),
             )
         # Outside the lock: grants decided meanwhile share this commit.
-        await self._settle(pending)
+        await self.leases.settle(pending)
         return {"lease_id": lease.id, "plane_id": lease.plane, "allocated_memory": lease.memory}
 
     def _best_plane(self, priority: str, memory: int) -> str:
@@ -589,7 +393,7 @@ class InferenceService(Inference1):
                 [(s.plane_id, s.memory_bytes) for s in placed], priority=priority,
                 unit=client_unit, pid=None, group=group, slices=placed,
             )
-        await self._settle(pending)
+        await self.leases.settle(pending)
         return {
             "lease_id": group.id,
             "allocated_slices": [
@@ -626,7 +430,7 @@ class InferenceService(Inference1):
         await self._owned(lease_id)
         async with self.lock:
             pending = self._release(self._lease_or_gang(lease_id).lease.id)
-        await self._settle(pending)
+        await self.leases.settle(pending)
 
     @implements
     async def Yield(self, *, lease_id: str) -> None:
@@ -634,20 +438,14 @@ class InferenceService(Inference1):
 
     async def _set_frozen(self, lease_id: str, frozen: bool) -> None:
         await self._owned(lease_id)
-        async with self.lock:
-            if lease_id not in self.records:
-                raise LeaseNotFound(lease_id=lease_id)  # released meanwhile
-            try:
-                changed = self.arbiter.set_frozen(lease_id, frozen)
-            except arb.Exhausted as error:
-                raise ResourceExhaustion(
-                    plane=error.plane, requested=error.requested, available=error.available
-                ) from None
-            await self.store.set_states({lease.id: lease.state for lease in changed})
-            for lease in changed:
-                record = replace(self.records[lease.id], lease=lease)
-                self.records[lease.id] = record
-                self._apply_freeze(record, frozen)
+        try:
+            await self.leases.set_frozen(lease_id, frozen)
+        except arb.LeaseUnknown:
+            raise LeaseNotFound(lease_id=lease_id) from None  # released meanwhile
+        except arb.Exhausted as error:
+            raise ResourceExhaustion(
+                plane=error.plane, requested=error.requested, available=error.available
+            ) from None
 
     @implements
     async def Freeze(self, *, lease_id: str) -> None:
@@ -672,7 +470,7 @@ class InferenceService(Inference1):
     @implements
     def ListCompositeLeases(self) -> list[CompositeLease]:
         out = []
-        for group in self.groups.values():
+        for group in self.leases.groups.values():
             members = sorted(
                 (r for r in self.records.values() if r.lease.group == group.id),
                 key=lambda r: r.lease.seq,
@@ -735,7 +533,7 @@ class InferenceService(Inference1):
                 [(plane, registered.estimated_bytes)], priority="Interactive", unit=None,
                 pid=None,
             )
-        await self._settle(pending)
+        await self.leases.settle(pending)
         try:
             async for text in self._complete(model, prompt):
                 yield text
@@ -744,7 +542,7 @@ class InferenceService(Inference1):
                 released = self._release(lease.id) if lease.id in self.arbiter.leases \
                     else None
             if released is not None:
-                await self._settle(released)
+                await self.leases.settle(released)
 
     async def _complete(self, model: str, prompt: str) -> AsyncIterator[str]:
         from asyncvarlink import VarlinkErrorReply
@@ -772,7 +570,7 @@ class InferenceService(Inference1):
             raise LeaseNotFound(lease_id=lease_id)
         if record.lease.plane != "cpu":
             raise InvalidParameter(parameter="lease_id")
-        fd = self.buffers.get(lease_id)
+        fd = self.leases.buffers.get(lease_id)
         if fd is None:
             fd = os.memfd_create(f"syntrop-{lease_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(fd, record.lease.memory)
@@ -780,7 +578,7 @@ class InferenceService(Inference1):
 
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                         fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.buffers[lease_id] = fd
+            self.leases.buffers[lease_id] = fd
         # The reply owns (and closes) a duplicate; the lease keeps the original.
         return {"buffer": FileDescriptor(os.dup(fd), should_close=True),
                 "size": record.lease.memory}
@@ -810,11 +608,6 @@ class InferenceService(Inference1):
         if self.trigger is not None:
             loop.remove_reader(self.trigger.fileno())
             self.trigger.close()
-        for _, stop in self.watches.values():
-            stop()
-        self.watches.clear()
-        for fd in self.buffers.values():
-            os.close(fd)
-        self.buffers.clear()
+        self.leases.close()
         self.store.close()
 
