@@ -5,9 +5,10 @@ from typing import TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Context1"
+NAME = names.CONTEXT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

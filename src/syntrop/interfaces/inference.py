@@ -10,10 +10,11 @@ from typing import TypedDict
 
 from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Inference1"
+NAME = names.INFERENCE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,10 +6,11 @@ from typing import TypedDict
 
 from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Model1"
+NAME = names.MODEL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,10 +5,11 @@ from typing import TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Router1"
+NAME = names.ROUTER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

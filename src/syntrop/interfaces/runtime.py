@@ -11,10 +11,11 @@ from typing import Any, TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Runtime1"
+NAME = names.RUNTIME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

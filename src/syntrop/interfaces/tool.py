@@ -5,10 +5,11 @@ from typing import Any, TypedDict
 
 from asyncvarlink import TypedVarlinkErrorReply
 
+from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
 from syntrop.varlink.contract import Interface, method
 
-NAME = "io.syntrop.Tool1"
+NAME = names.TOOL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,7 @@ and its continuation mid-answer, relay.py's. Transport-free: http.py feeds
 it requests."""
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -41,6 +42,10 @@ DISCOVERY_TIMEOUT = 5.0
 #: Least seconds between two asks for the model lists of providers that
 #: have no configured list (a model pulled since is served without Reload).
 REDISCOVER_INTERVAL = 2.0
+#: Seconds the start-up round of discovery waits, unless a request needs
+#: it sooner: the first reply of a cold start (a Varlink call, /health)
+#: goes out before the provider clients are imported and asked.
+START_DISCOVERY_DELAY = 0.2
 
 
 class Gateway:
@@ -59,6 +64,7 @@ class Gateway:
         self.discovered: dict[str, tuple[str, ...]] = {}
         self._discovered_at = float("-inf")
         self._discovering: asyncio.Task[None] | None = None
+        self._needed: asyncio.Event | None = None  # set: a request waits for the round
         self.pressure = pressure or Pressure(config.psi_threshold, path=config.psi_file)
         #: runtimed providers without a free slot at the last look, and when
         #: they were looked at (epoch seconds).
@@ -125,9 +131,17 @@ class Gateway:
         if self._discovering is None or self._discovering.done():
             self._discovered_at = time.monotonic()
             self._discovering = asyncio.get_running_loop().create_task(self._discover())
+        if self._needed is not None:
+            self._needed.set()
         await asyncio.shield(self._discovering)
 
-    async def _discover(self) -> None:
+    async def _discover(self, delay: float = 0.0) -> None:
+        if delay:
+            self._needed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._needed.wait()
+            self._needed = None
         found: dict[str, tuple[str, ...]] = {}
         for config in self.config.providers:
             if config.models:
@@ -144,10 +158,11 @@ class Gateway:
         if found != self.discovered:
             self.discovered = found
 
-    def start_discovery(self) -> None:
-        """Begin a round of `discover` without waiting for it."""
+    def start_discovery(self, delay: float = START_DISCOVERY_DELAY) -> None:
+        """Begin a round of `discover` without waiting for it, in `delay`
+        seconds or as soon as a request waits for it."""
         self._discovered_at = time.monotonic()
-        self._discovering = asyncio.get_running_loop().create_task(self._discover())
+        self._discovering = asyncio.get_running_loop().create_task(self._discover(delay))
 
     async def rediscover(self) -> bool:
         """Discover again, at most once per REDISCOVER_INTERVAL (or wait for
@@ -156,6 +171,8 @@ class Gateway:
         if all(p.models for p in self.config.providers):
             return False
         if self._discovering is not None and not self._discovering.done():
+            if self._needed is not None:
+                self._needed.set()
             await asyncio.shield(self._discovering)
             return True
         if time.monotonic() - self._discovered_at < REDISCOVER_INTERVAL:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from syntrop.interfaces import model as model_contract
 from syntrop.interfaces.runtime import (
     EngineCrashed,
     EngineFailing,
@@ -222,6 +221,8 @@ class Residency:
 
     async def open_verified(self, name: str) -> tuple[int, str, int]:
         """modeld's descriptor, digest and size of `name`, its bytes checked."""
+        from syntrop.interfaces import model as model_contract
+
         try:
             fd, digest, size = await open_in_modeld(self.socket, name, MODELD_TIMEOUT)
         except (model_contract.ModelNotFound, model_contract.InvalidIdentifier):

@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncvarlink import AnnotatedResult
 
 from syntrop.config import Paths
-from syntrop.interfaces.inference import NAME as INFERENCE
-from syntrop.interfaces.model import Model1
+from syntrop.interfaces import names
 from syntrop.interfaces.runtime import (
     Busy,
     ChatMessage,
@@ -195,8 +194,8 @@ class RuntimeService(Runtime1):
         self.slots = Slots(self.config.slots, self.config.queue)
         self.table: SessionTable[Seat] = SessionTable()
         self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
-        self.residency = Residency(paths.socket(Model1.name), self.config, self.engine,
-                                   inference=paths.socket(INFERENCE))
+        self.residency = Residency(paths.socket(names.MODEL), self.config, self.engine,
+                                   inference=paths.socket(names.INFERENCE))
         self.residency.on_crash = self._crashed
         self.residency.in_use = self._in_use
         self.residency.on_pressure = self._shed

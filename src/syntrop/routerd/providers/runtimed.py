@@ -190,10 +190,10 @@ class RuntimedProvider:
     continues = True
 
     def __init__(self, config: ProviderConfig, paths: Paths) -> None:
-        from syntrop.interfaces.runtime import NAME
+        from syntrop.interfaces.names import RUNTIME  # not the contract: cold start
 
         self.config = config
-        self.address = config.endpoint or f"unix:{paths.socket(NAME)}"
+        self.address = config.endpoint or f"unix:{paths.socket(RUNTIME)}"
 
     async def _client(self) -> Any:
         """A connection to runtimed, or a 502 when it cannot be reached."""
