@@ -383,3 +383,17 @@ def _children_of(parent: int) -> set[int]:
         if fields[0] != "Z" and int(fields[1]) == parent:
             children.add(int(entry))
     return children
+
+
+# what a cold start loads -------------------------------------------------------
+
+
+@pytest.mark.parametrize("daemon_kind", DAEMONS, ids=lambda d: d.program)
+def test_a_cold_start_maps_no_tls_library(tmp_path: Path, daemon_kind: Daemon) -> None:
+    """asyncio would import ssl (libssl, a few ms of every cold start and
+    MiBs of mappings); no daemon speaks TLS unless routerd is configured to
+    (syntrop.system.lazyssl), so none has it after its first reply."""
+    with running(daemon_kind, tmp_path) as daemon:
+        maps = Path(f"/proc/{daemon.pid}/maps").read_text()
+        assert "libssl" not in maps, daemon.daemon.program
+        daemon.assert_healthy()

@@ -3,6 +3,9 @@ pays for nothing it does not use."""
 
 
 def main() -> None:
+    from syntrop.system import lazyssl
+
+    lazyssl.defer()  # before anything imports asyncio: no daemon but routerd speaks TLS
     import sys
 
     from syntrop.config import ConfigError, paths

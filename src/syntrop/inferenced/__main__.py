@@ -3,6 +3,9 @@ pays for nothing it does not use."""
 
 
 def main() -> None:
+    from syntrop.system import lazyssl
+
+    lazyssl.defer()  # before anything imports asyncio: no daemon but routerd speaks TLS
     from syntrop.inferenced.service import InferenceService
     from syntrop.varlink.daemon import run
 

@@ -3,9 +3,9 @@ pays for nothing it does not use."""
 
 
 def main() -> None:
-    from syntrop.routerd import tls
+    from syntrop.system import lazyssl
 
-    tls.defer()  # before anything imports asyncio: ssl only for TLS peers
+    lazyssl.defer()  # before anything imports asyncio: ssl only for TLS peers
 
     from syntrop.routerd.activation import take_http_sockets
 

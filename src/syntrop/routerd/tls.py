@@ -1,30 +1,7 @@
-"""ssl only when TLS is used. Importing ssl (asyncio does, at its own
-import) maps libssl and libcrypto: about 4 MiB of routerd's 24 MiB. Before
-asyncio is imported, `defer()` keeps it out (asyncio then treats ssl as
-absent); `load()` imports it when a TLS upstream or peer is configured and
-hands it to asyncio's modules that looked for it."""
+"""routerd's TLS contexts; ssl itself is imported only here, when TLS is
+configured (syntrop.system.lazyssl)."""
 
-import sys
-from types import ModuleType
-
-
-def defer() -> None:
-    if "ssl" not in sys.modules and "asyncio" not in sys.modules:
-        sys.modules["ssl"] = None  # type: ignore[assignment]
-
-
-def load() -> ModuleType:
-    if sys.modules.get("ssl", False) is None:
-        del sys.modules["ssl"]
-        import ssl
-        from asyncio import base_events, selector_events, sslproto
-
-        for module in (base_events, selector_events, sslproto):
-            module.ssl = ssl  # type: ignore[attr-defined]
-        sslproto.SSLAgainErrors = (ssl.SSLWantReadError, ssl.SSLSyscallError)
-    import ssl
-
-    return ssl
+from syntrop.system.lazyssl import load
 
 
 def client_context(ca: str = "", cert: str = "", key: str = "") -> "object":

@@ -10,6 +10,9 @@ import sys
 
 
 def main() -> None:
+    from syntrop.system import lazyssl
+
+    lazyssl.defer()  # before anything imports asyncio: no daemon but routerd speaks TLS
     if sys.argv[1:2] == ["verify"]:
         from syntrop.runtimed.oracle.cli import main as verify
 

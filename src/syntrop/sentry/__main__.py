@@ -3,6 +3,9 @@ pays for nothing it does not use."""
 
 
 def main() -> None:
+    from syntrop.system import lazyssl
+
+    lazyssl.defer()  # before anything imports asyncio: no daemon but routerd speaks TLS
     from syntrop.sentry.service import SentryService
     from syntrop.varlink.daemon import run
 
