@@ -30,6 +30,18 @@ REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Fou
            503: b"Service Unavailable", 504: b"Gateway Timeout"}
 
 
+def _marks(request: h11.Request) -> tuple[str, bool]:
+    """The request's traffic class (triage or user) and whether another
+    node of the fleet forwarded it."""
+    traffic, forwarded = USER, False
+    for name, value in request.headers:
+        if name == TRAFFIC_HEADER and value.lower() == b"triage":
+            traffic = TRIAGE
+        elif name == FORWARDED_HEADER:
+            forwarded = True
+    return traffic, forwarded
+
+
 class HTTPServer:
     def __init__(self, gateway: Gateway, config: Config) -> None:
         self.gateway = gateway
@@ -207,6 +219,28 @@ class HTTPServer:
                            for key in self.config.api_keys) > 0
         return False
 
+    async def _next_request(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> tuple[h11.Request, bytes] | None:
+        """The next request and its body; None when the connection ends
+        (the client left, or was answered why and is closed)."""
+        try:
+            got = await self._read_request(conn, reader)
+        except TimeoutError:
+            if conn.our_state is h11.SEND_RESPONSE or conn.their_state is h11.SEND_BODY:
+                await self._send(conn, writer, error(408, "request too slow"), True)
+            return None
+        except h11.RemoteProtocolError as bad:
+            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                await self._send(conn, writer, error(400, f"malformed HTTP: {bad}"), True)
+            return None
+        except ValueError:
+            await self._send(conn, writer, error(400, "malformed HTTP"), True)
+            return None
+        if isinstance(got, Response):
+            await self._send(conn, writer, got, True)
+            return None
+        return got
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.active = True
@@ -216,33 +250,11 @@ class HTTPServer:
                 await self._refuse(conn, reader, writer)
                 return
             while True:
-                try:
-                    got = await self._read_request(conn, reader)
-                except TimeoutError:
-                    if conn.our_state is h11.SEND_RESPONSE or (
-                            conn.their_state is h11.SEND_BODY):
-                        await self._send(conn, writer, error(408, "request too slow"), True)
-                    break
-                except h11.RemoteProtocolError as bad:
-                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                        await self._send(conn, writer, error(400, f"malformed HTTP: {bad}"),
-                                         True)
-                    break
-                except ValueError:
-                    await self._send(conn, writer, error(400, "malformed HTTP"), True)
-                    break
+                got = await self._next_request(conn, reader, writer)
                 if got is None:
                     break
-                if isinstance(got, Response):
-                    await self._send(conn, writer, got, True)
-                    break
                 request, body = got
-                traffic, forwarded = USER, False
-                for name, value in request.headers:
-                    if name == TRAFFIC_HEADER and value.lower() == b"triage":
-                        traffic = TRIAGE
-                    elif name == FORWARDED_HEADER:
-                        forwarded = True
+                traffic, forwarded = _marks(request)
                 if self.config.api_keys and not self._authorized(request, writer):
                     await self._send(conn, writer, unauthorized(), False)
                     conn.start_next_cycle()

@@ -20,6 +20,7 @@ arrival, the engine starting on it and sampling its first token (in the
 worker), the first reply written.
 """
 
+import asyncio
 import contextlib
 import json
 import time
@@ -66,6 +67,32 @@ def join(first: Chunk, second: Chunk) -> Chunk:
                    logprobs=entries)
 
 
+def _note_first(times: dict[str, float], first: dict[str, Any]) -> None:
+    times.update(worker_received=float(first.get("received", 0.0)),
+                 engine_start=float(first.get("started", 0.0)),
+                 first_token=float(first.get("at", 0.0)), first_seen=time.monotonic())
+
+
+def _last(result: dict[str, Any]) -> Chunk:
+    """The closing chunk: no text, the finish reason and the result's extras."""
+    extra = {k: v for k, v in result.items() if k in EXTRA}
+    return Chunk(text="", tokens=0, finish_reason=str(result.get("reason", "stop")), **extra)
+
+
+_Event = tuple[str, dict[str, Any], list[int]]
+
+
+def _coalesced(chunk: Chunk, queue: "asyncio.Queue[_Event]") -> tuple[Chunk, _Event | None]:
+    """Answer pieces queued while the last reply went out, as one reply;
+    and the first other event, held for the next turn."""
+    while chunk.thinking is None and not queue.empty():
+        following = queue.get_nowait()
+        if following[0] != "piece":
+            return chunk, following
+        chunk = join(chunk, _chunk("piece", following[1]))
+    return chunk, None
+
+
 async def relay(worker: Worker, call: Call, *, done: Callable[[], None], received: float,
                 trace: str | None = None, on_text: Callable[[str], None] | None = None,
                 on_result: Callable[[dict[str, Any]], None] | None = None,
@@ -92,16 +119,13 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
 
     queue = call.events
     try:
-        held: tuple[str, dict[str, Any], list[int]] | None = None
+        held: _Event | None = None
         while True:
             item = held if held is not None else await queue.get()
             held = None
             event, message, _ = item
             if "first" in message:  # the engine's first-token times ride along
-                first = message["first"]
-                times.update(worker_received=float(first.get("received", 0.0)),
-                             engine_start=float(first.get("started", 0.0)),
-                             first_token=float(first.get("at", 0.0)), first_seen=time.monotonic())
+                _note_first(times, message["first"])
             if event == "error":
                 give_back()
                 raise worker.error(message)
@@ -110,20 +134,9 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
                 if on_result is not None:
                     on_result(result)
                 give_back()
-                extra = {k: v for k, v in result.items() if k in EXTRA}
-                last = Chunk(text="", tokens=0, finish_reason=str(result.get("reason", "stop")),
-                             **extra)
-                yield AnnotatedResult({"chunk": last}, continues=False)
+                yield AnnotatedResult({"chunk": _last(result)}, continues=False)
                 return
-            chunk = _chunk(event, message)
-            # Answer pieces queued while the last reply went out: one reply.
-            while chunk.thinking is None and not queue.empty():
-                following = queue.get_nowait()
-                if following[0] == "piece":
-                    chunk = join(chunk, _chunk("piece", following[1]))
-                else:
-                    held = following
-                    break
+            chunk, held = _coalesced(_chunk(event, message), queue)
             if on_text is not None and chunk.thinking is None:
                 on_text(chunk.text)
             yield AnnotatedResult({"chunk": chunk}, continues=True)

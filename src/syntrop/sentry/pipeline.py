@@ -267,6 +267,35 @@ def _ran(steps: list[StepRecord]) -> str:
                      for s in steps)
 
 
+def _untried(offered: list[Plan], plan: Plan, tried: frozenset[str]
+             ) -> tuple[list[Plan], Plan, bool]:
+    """The plans not tried earlier in the window, the plan to run (the
+    rules' own, unless it was tried: then the next untried one), and
+    whether none is left."""
+    if not tried:
+        return offered, plan, False
+    offered = [p for p in offered if not p.steps or p.describe() not in tried]
+    if plan.steps and plan.describe() in tried:
+        failed = plan.describe()
+        plan = next((p for p in offered if p.steps), Plan(
+            reason=f"{failed} did not heal it earlier in the window; a human must"))
+        return offered, plan, not plan.steps
+    return offered, plan, False
+
+
+def _result(healed: bool, plan: Plan, decided_by: str, cause: Cause, exhausted: bool) -> str:
+    """An incident's result, from how it ended."""
+    if healed:
+        return "healed"
+    if not plan.steps and decided_by == "model":
+        return "left_alone"
+    if not plan.steps and cause.kind == rules.DEPENDENCY:
+        return "waiting"
+    if not cause.fixable or exhausted:
+        return "needs_human"
+    return "failed"
+
+
 async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, clock: Clock,
                  detected_usec: int, breaker_open: bool = False,
                  policy: Policy | None = None,
@@ -313,14 +342,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     decided_by = "rules"
     offered = rules.candidates(found, plan, cause, unit, facts.tools, unit_facts,
                                facts.failure_usec)
-    exhausted = False
-    if policy.tried:
-        offered = [p for p in offered if not p.steps or p.describe() not in policy.tried]
-        if plan.steps and plan.describe() in policy.tried:
-            failed = plan.describe()
-            plan = next((p for p in offered if p.steps), Plan(
-                reason=f"{failed} did not heal it earlier in the window; a human must"))
-            exhausted = not plan.steps
+    offered, plan, exhausted = _untried(offered, plan, policy.tried)
     if got_lease and len(offered) > 1:
         ok, chosen = await run.phase(
             "decide", budgets.decide_usec,
@@ -363,16 +385,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
         run.skip("release", budgets.release_usec, "no lease held")
 
     steps = _plan_steps(plan, executed)
-    if healed:
-        result = "healed"
-    elif not plan.steps and decided_by == "model":
-        result = "left_alone"
-    elif not plan.steps and cause.kind == rules.DEPENDENCY:
-        result = "waiting"
-    elif not cause.fixable or exhausted:
-        result = "needs_human"
-    else:
-        result = "failed"
+    result = _result(healed, plan, decided_by, cause, exhausted)
     summary = (f"{unit}: {trigger}; cause: {cause.summary}; {decided_by} planned "
                f"{plan.describe()}; {_ran(steps) if plan.steps else plan.reason}; {result}")
     return IncidentRecord(
