@@ -167,80 +167,88 @@ def _api_keys(http: dict[str, Any], where: str) -> frozenset[str]:
     return keys
 
 
+def _addresses(http: dict[str, Any], key: str, path: str, default: list[str], *,
+               tls: bool = False) -> list[str]:
+    """http.listen or http.tls_listen: a list of addresses (TCP only for TLS)."""
+    addresses = http.get(key, default)
+    if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+        raise ConfigError(f"{path}: http.{key} must be a list of strings")
+    for address in addresses:
+        try:
+            if isinstance(parse_address(address), str) and tls:
+                raise ValueError(f"TLS is for TCP addresses: {address!r}")
+        except ValueError as error:
+            raise ConfigError(f"{path}: http.{key}: {error}") from None
+    return addresses
+
+
+def _tls_files(http: dict[str, Any], tls_listen: list[str], path: str) -> dict[str, str]:
+    files = {name: http.get(name, "") for name in ("tls_cert", "tls_key", "tls_client_ca")}
+    if not all(isinstance(value, str) for value in files.values()):
+        raise ConfigError(f"{path}: http.tls_cert, tls_key, tls_client_ca must be file paths")
+    if tls_listen and not (files["tls_cert"] and files["tls_client_ca"]):
+        raise ConfigError(f"{path}: http.tls_listen needs tls_cert (and tls_key) and "
+                          "tls_client_ca: peers authenticate both ways")
+    return files
+
+
+def _provider(table: object, where: str, seen: set[str]) -> ProviderConfig:
+    """One [[providers]] table (its id added to `seen`)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    ident, kind = table.get("id"), table.get("kind")
+    if not isinstance(ident, str) or not ident or ident in seen:
+        raise ConfigError(f"{where}: id must be a unique non-empty string")
+    seen.add(ident)
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}")
+    tier = table.get("tier", DEFAULT_TIER[kind])
+    if tier not in TIERS:
+        raise ConfigError(f"{where}: tier must be one of {', '.join(TIERS)}")
+    models = table.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise ConfigError(f"{where}: models must be a list of strings")
+    endpoint = table.get("endpoint", table.get("address", ""))
+    if not isinstance(endpoint, str) or (kind != "runtimed" and not endpoint):
+        raise ConfigError(f"{where}: endpoint must be a string (required for {kind})")
+    weight = number(table, "weight", 1.0, where)
+    if weight > 1:
+        raise ConfigError(f"{where}: weight must be between 0 and 1")
+    tls = {}
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        value = table.get(name, "")
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {name} must be a file path")
+        tls[name] = value
+    if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
+        raise ConfigError(f"{where}: tls_cert and tls_key go together")
+    credential = table.get("api_key_credential")
+    api_key = _credential(credential, where) if isinstance(credential, str) else None
+    return ProviderConfig(
+        id=ident, kind=kind, endpoint=endpoint, tier=tier, models=tuple(models),
+        cost=number(table, "cost", 0.0, where), weight=weight,
+        capability=min(100.0, number(table, "capability", 50.0, where)),
+        context_window=int(number(table, "context_window", 8192, where)),
+        api_key=api_key, timeout=number(table, "timeout", 60.0, where) or 60.0,
+        idle_connections=integer(table, "idle_connections", 256, where, maximum=4096),
+        **tls,
+    )
+
+
 def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
     """A Config from the decoded TOML; ConfigError says what is wrong."""
     http = data.get("http", {})
     if not isinstance(http, dict):
         raise ConfigError(f"{path}: [http] must be a table")
-    listen = http.get("listen", list(DEFAULT_LISTEN))
-    if not isinstance(listen, list) or not all(isinstance(a, str) for a in listen):
-        raise ConfigError(f"{path}: http.listen must be a list of strings")
-    for address in listen:
-        try:
-            parse_address(address)
-        except ValueError as error:
-            raise ConfigError(f"{path}: http.listen: {error}") from None
-    tls_listen = http.get("tls_listen", [])
-    if not isinstance(tls_listen, list) or not all(isinstance(a, str) for a in tls_listen):
-        raise ConfigError(f"{path}: http.tls_listen must be a list of strings")
-    for address in tls_listen:
-        try:
-            if isinstance(parse_address(address), str):
-                raise ValueError(f"TLS is for TCP addresses: {address!r}")
-        except ValueError as error:
-            raise ConfigError(f"{path}: http.tls_listen: {error}") from None
-    tls_files = {name: http.get(name, "") for name in ("tls_cert", "tls_key", "tls_client_ca")}
-    if not all(isinstance(value, str) for value in tls_files.values()):
-        raise ConfigError(f"{path}: http.tls_cert, tls_key, tls_client_ca must be file paths")
-    if tls_listen and not (tls_files["tls_cert"] and tls_files["tls_client_ca"]):
-        raise ConfigError(f"{path}: http.tls_listen needs tls_cert (and tls_key) and "
-                          "tls_client_ca: peers authenticate both ways")
-    providers: list[ProviderConfig] = []
-    seen: set[str] = set()
+    listen = _addresses(http, "listen", path, list(DEFAULT_LISTEN))
+    tls_listen = _addresses(http, "tls_listen", path, [], tls=True)
+    tls_files = _tls_files(http, tls_listen, path)
     tables = data.get("providers", [])
     if not isinstance(tables, list):
         raise ConfigError(f"{path}: providers must be an array of tables")
-    for index, table in enumerate(tables):
-        where = f"{path}: providers[{index}]"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: must be a table")
-        ident, kind = table.get("id"), table.get("kind")
-        if not isinstance(ident, str) or not ident or ident in seen:
-            raise ConfigError(f"{where}: id must be a unique non-empty string")
-        seen.add(ident)
-        if kind not in KINDS:
-            raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}")
-        tier = table.get("tier", DEFAULT_TIER[kind])
-        if tier not in TIERS:
-            raise ConfigError(f"{where}: tier must be one of {', '.join(TIERS)}")
-        models = table.get("models", [])
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise ConfigError(f"{where}: models must be a list of strings")
-        endpoint = table.get("endpoint", table.get("address", ""))
-        if not isinstance(endpoint, str) or (kind != "runtimed" and not endpoint):
-            raise ConfigError(f"{where}: endpoint must be a string (required for {kind})")
-        weight = number(table, "weight", 1.0, where)
-        if weight > 1:
-            raise ConfigError(f"{where}: weight must be between 0 and 1")
-        tls = {}
-        for name in ("tls_ca", "tls_cert", "tls_key"):
-            value = table.get(name, "")
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}: {name} must be a file path")
-            tls[name] = value
-        if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
-            raise ConfigError(f"{where}: tls_cert and tls_key go together")
-        credential = table.get("api_key_credential")
-        api_key = _credential(credential, where) if isinstance(credential, str) else None
-        providers.append(ProviderConfig(
-            id=ident, kind=kind, endpoint=endpoint, tier=tier, models=tuple(models),
-            cost=number(table, "cost", 0.0, where), weight=weight,
-            capability=min(100.0, number(table, "capability", 50.0, where)),
-            context_window=int(number(table, "context_window", 8192, where)),
-            api_key=api_key, timeout=number(table, "timeout", 60.0, where) or 60.0,
-            idle_connections=integer(table, "idle_connections", 256, where, maximum=4096),
-            **tls,
-        ))
+    seen: set[str] = set()
+    providers = [_provider(table, f"{path}: providers[{index}]", seen)
+                 for index, table in enumerate(tables)]
     default = data.get("default_model")
     if default is not None and not isinstance(default, str):
         raise ConfigError(f"{path}: default_model must be a string")
