@@ -469,13 +469,8 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Placement:
-    """The load settings for `model` on `grant` over `planes` (see the
-    module's docstring). PlacementError when the grant cannot hold it."""
-    if not grant.slices:
-        raise PlacementError("a grant without slices")
-    mode = grant.mode
-    by_id = {p.id: p for p in planes}
+def _check_slices(grant: Grant, by_id: dict[str, PlaneView]) -> None:
+    """Each slice on a known plane of a kind the engine runs, one per plane."""
     seen: set[str] = set()
     for s in grant.slices:
         if s.plane_id not in by_id:
@@ -492,6 +487,44 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
             raise PlacementError(f"{s.plane_id} is of unknown kind {kind!r}")
         if kind == "drm_gpu" and by_id[s.plane_id].device_index is None:
             raise PlacementError(f"GPU {s.plane_id} has no device number")
+
+
+def _in_stage_order(slices: list[Slice]) -> list[Slice]:
+    """A pipeline's GPU slices by stage (those without one last, as given)."""
+    stages = [s.stage_index for s in slices if s.stage_index is not None]
+    if len(set(stages)) != len(stages):
+        raise PlacementError(f"pipeline stages {sorted(stages)} repeat")
+    order = sorted(range(len(slices)), key=lambda i: (
+        slices[i].stage_index is None, slices[i].stage_index or 0, i))
+    return [slices[i] for i in order]
+
+
+def _usable(model: ModelShape, slices: list[Slice], reserve: int) -> list[int]:
+    """What each GPU slice holds for layers beside the compute and context
+    reserve; a slice of a gang must hold at least one layer."""
+    usable = []
+    for s in slices:
+        use = s.memory_bytes - reserve
+        if use <= 0:
+            raise PlacementError(
+                f"slice on {s.plane_id} of {_gib(s.memory_bytes)} is below the "
+                f"{_gib(reserve)} compute and context reserve")
+        if len(slices) > 1 and use < model.layer_bytes + model.kv_bytes_per_layer:
+            raise PlacementError(
+                f"slice on {s.plane_id} of {_gib(s.memory_bytes)} holds no layer beside the "
+                f"{_gib(reserve)} compute and context reserve")
+        usable.append(use)
+    return usable
+
+
+def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Placement:
+    """The load settings for `model` on `grant` over `planes` (see the
+    module's docstring). PlacementError when the grant cannot hold it."""
+    if not grant.slices:
+        raise PlacementError("a grant without slices")
+    mode = grant.mode
+    by_id = {p.id: p for p in planes}
+    _check_slices(grant, by_id)
     cpu_slices = [s for s in grant.slices if by_id[s.plane_id].kind == "cpu"]
     gpu_slices = [s for s in grant.slices if by_id[s.plane_id].kind == "drm_gpu"]
     if len(cpu_slices) > 1:
@@ -510,12 +543,7 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
                          layers=(("host", model.n_layers),), output_on="host")
 
     if mode == "pipeline":
-        stages = [s.stage_index for s in gpu_slices if s.stage_index is not None]
-        if len(set(stages)) != len(stages):
-            raise PlacementError(f"pipeline stages {sorted(stages)} repeat")
-        order = sorted(range(len(gpu_slices)), key=lambda i: (
-            gpu_slices[i].stage_index is None, gpu_slices[i].stage_index or 0, i))
-        gpu_slices = [gpu_slices[i] for i in order]
+        gpu_slices = _in_stage_order(gpu_slices)
     indices = [by_id[s.plane_id].device_index for s in gpu_slices]
     devices = tuple(i for i in indices if i is not None)
     if max(devices) >= MAX_DEVICES:
@@ -524,18 +552,7 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
     if len(set(devices)) != len(devices):
         raise PlacementError(f"two slices on device number(s) {sorted(devices)}")
     reserve = model.compute_bytes + GPU_CONTEXT_BYTES
-    usable = []
-    for s in gpu_slices:
-        use = s.memory_bytes - reserve
-        if use <= 0:
-            raise PlacementError(
-                f"slice on {s.plane_id} of {_gib(s.memory_bytes)} is below the "
-                f"{_gib(reserve)} compute and context reserve")
-        if len(gpu_slices) > 1 and use < model.layer_bytes + model.kv_bytes_per_layer:
-            raise PlacementError(
-                f"slice on {s.plane_id} of {_gib(s.memory_bytes)} holds no layer beside the "
-                f"{_gib(reserve)} compute and context reserve")
-        usable.append(use)
+    usable = _usable(model, gpu_slices, reserve)
     row = mode == "tensor" and len(gpu_slices) > 1
     total = sum(usable)
     shares = [u / total for u in usable]
@@ -545,12 +562,9 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
     orders = [list(range(len(devices)))]
     if by_number != orders[0]:
         orders.append(by_number)
-    chosen = 0
-    for k in range(model.n_layers + 1, 0, -1):
-        if all(_fits(model, k, [usable[i] for i in o], [shares[i] for i in o], row)
-               for o in orders):
-            chosen = k
-            break
+    chosen = next((k for k in range(model.n_layers + 1, 0, -1)
+                   if all(_fits(model, k, [usable[i] for i in o], [shares[i] for i in o], row)
+                          for o in orders)), 0)
     if chosen == 0:
         raise PlacementError(
             f"the grant ({', '.join(f'{s.plane_id} {_gib(s.memory_bytes)}' for s in gpu_slices)}"
