@@ -258,33 +258,73 @@ class _Connection:
 
     # calls -----------------------------------------------------------------
 
+    def _parse(self, message: bytes | bytearray
+               ) -> tuple["VarlinkMethodCall | _PlainCall", tuple[Any, Any] | None]:
+        """The call in a message, and its (method, signature) when the fast
+        path found them: a plain call ({"method", "parameters"} only, no
+        oneway/more/upgrade/extensions) of a method looked up before.
+        Anything else goes through asyncvarlink's full validation. Raises
+        ValueError, TypeError or RecursionError for what is not a call."""
+        text = message.decode()
+        try:
+            # raw_decode skips json.loads' two whitespace regex matches;
+            # anything it does not take whole goes to json.loads.
+            obj, index = _DECODER.raw_decode(text)
+        except ValueError:
+            index = -1
+        if index != len(text):
+            obj = json.loads(text)
+        if type(obj) is dict and 0 < len(obj) <= 2:
+            found = self.server.methods.get(obj.get("method"))  # type: ignore[arg-type]
+            parameters = obj.get("parameters", _EMPTY)
+            if found is not None and type(parameters) is dict and \
+                    len(obj) == (2 if "parameters" in obj else 1):
+                return _PlainCall(obj["method"], parameters), found
+        return VarlinkMethodCall.fromjson(obj), None
+
+    def _arguments(self, call: "VarlinkMethodCall | _PlainCall", found: tuple[Any, Any] | None,
+                   fdarray: FileDescriptorArray | None
+                   ) -> tuple[Callable[..., Any], VarlinkMethodSignature, dict[str, Any]]:
+        """The method, its signature and the call's converted parameters;
+        a VarlinkErrorReply for what the contract does not take."""
+        if found is None:
+            assert isinstance(call, VarlinkMethodCall)
+            method, signature = self.server.lookup_method(call)
+        else:
+            method, signature = found
+        if call.upgrade:
+            raise InvalidParameter(parameter="upgrade")
+        try:
+            params = signature.parameter_type.fromjson(
+                call.parameters, {FileDescriptorVarlinkType: fdarray}
+            )
+        except ConversionError as error:
+            where = str(error.location[0]) if error.location else "parameters"
+            raise InvalidParameter(parameter=where) from None
+        stray = _boolean_as_number(signature.parameter_type, call.parameters)
+        if stray is not None:
+            raise InvalidParameter(parameter=stray)
+        return method, signature, params
+
+    def _call_now(self, call: "VarlinkMethodCall | _PlainCall", method: Callable[..., Any],
+                  signature: VarlinkMethodSignature, params: dict[str, Any]) -> None:
+        """A synchronous method without `more`: run and answered at once."""
+        try:
+            result = method(**params)
+        except VarlinkErrorReply as error:
+            if not call.oneway:
+                self._send_error(error)
+        except Exception:
+            logger.exception("%s failed", call.method)
+            if not call.oneway:
+                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+        else:
+            if not call.oneway:
+                self._send_result(signature, result)
+
     def _dispatch(self, message: bytes | bytearray, fds: list[int]) -> None:
         try:
-            text = message.decode()
-            try:
-                # raw_decode skips json.loads' two whitespace regex matches;
-                # anything it does not take whole goes to json.loads.
-                obj, index = _DECODER.raw_decode(text)
-            except ValueError:
-                index = -1
-            if index != len(text):
-                obj = json.loads(text)
-            # Fast path: a plain call ({"method", "parameters"} only, no
-            # oneway/more/upgrade/extensions) of a method looked up before.
-            # Anything else goes through asyncvarlink's full validation.
-            found = None
-            if type(obj) is dict and 0 < len(obj) <= 2:
-                found = self.server.methods.get(obj.get("method"))  # type: ignore[arg-type]
-                parameters = obj.get("parameters", _EMPTY)
-                if found is not None and (
-                    type(parameters) is not dict or len(obj) != (2 if "parameters" in obj else 1)
-                ):
-                    found = None
-            call: VarlinkMethodCall | _PlainCall
-            if found is None:
-                call = VarlinkMethodCall.fromjson(obj)
-            else:
-                call = _PlainCall(obj["method"], parameters)
+            call, found = self._parse(message)
         except (ValueError, TypeError, RecursionError):
             for fd in fds:
                 os.close(fd)
@@ -302,23 +342,7 @@ class _Connection:
             release = _nothing
 
         try:
-            if found is None:
-                assert isinstance(call, VarlinkMethodCall)
-                method, signature = self.server.lookup_method(call)
-            else:
-                method, signature = found
-            if call.upgrade:
-                raise InvalidParameter(parameter="upgrade")
-            try:
-                params = signature.parameter_type.fromjson(
-                    call.parameters, {FileDescriptorVarlinkType: fdarray}
-                )
-            except ConversionError as error:
-                where = str(error.location[0]) if error.location else "parameters"
-                raise InvalidParameter(parameter=where) from None
-            stray = _boolean_as_number(signature.parameter_type, call.parameters)
-            if stray is not None:
-                raise InvalidParameter(parameter=stray)
+            method, signature, params = self._arguments(call, found, fdarray)
         except VarlinkErrorReply as error:
             release()
             if not call.oneway:
@@ -329,17 +353,7 @@ class _Connection:
         try:
             if not signature.asynchronous and not signature.more:
                 try:
-                    result = method(**params)
-                except VarlinkErrorReply as error:
-                    if not call.oneway:
-                        self._send_error(error)
-                except Exception:
-                    logger.exception("%s failed", call.method)
-                    if not call.oneway:
-                        self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
-                else:
-                    if not call.oneway:
-                        self._send_result(signature, result)
+                    self._call_now(call, method, signature, params)
                 finally:
                     if fdarray is not None:
                         release()
