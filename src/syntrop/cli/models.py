@@ -503,6 +503,87 @@ def _backoff(attempt: int, reason: str, display: Display) -> None:
     time.sleep(delay)
 
 
+class _Feeder:
+    """The HTTP side of one try: a thread writing the artifact into the pipe
+    modeld reads, from the byte modeld names."""
+
+    def __init__(self, args: argparse.Namespace, artifact: "Artifact", http: "httpx.Client",
+                 display: Display) -> None:
+        from syntrop.modeld.staging import set_pipe_size
+
+        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC)
+        set_pipe_size(self.write_end)
+        self.args, self.artifact, self.http, self.display = args, artifact, http, display
+        self.failure: list[BaseException] = []
+        self.thread: threading.Thread | None = None
+
+    def _feed(self, offset: int) -> None:
+        from syntrop.pull.fetch import StoreClosed, fetch
+        from syntrop.pull.registries import RegistryError
+
+        try:
+            fetch(self.http, self.artifact, offset, self.write_end, what=self.args.reference,
+                  on_bytes=self.display.add)
+        except (RegistryError, StoreClosed) as error:
+            self.failure.append(error)
+        except Exception as error:  # reported by the caller, never a traceback
+            self.failure.append(RegistryError(f"{self.args.reference}: {error}"))
+        finally:
+            os.close(self.write_end)
+
+    def start(self, offset: int) -> None:
+        self.thread = threading.Thread(target=self._feed, args=(offset,), name="syn-fetch",
+                                       daemon=True)
+        self.thread.start()
+
+    def error(self, wait: float = 5.0) -> BaseException | None:
+        """What went wrong on the HTTP side, once the feeder is done (it ends
+        soon after modeld stops reading; not when the server stalls)."""
+        from syntrop.pull.fetch import StoreClosed
+
+        if self.thread is not None:
+            self.thread.join(timeout=wait)
+        errors = [e for e in self.failure if not isinstance(e, StoreClosed)]
+        return errors[0] if errors else None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.read_end)
+        if self.thread is None:  # else the thread closes its end
+            with contextlib.suppress(OSError):
+                os.close(self.write_end)
+
+
+def _show(progress: "PullProgress", feeder: _Feeder, display: Display) -> int | None:
+    """Show a Pull reply's phase; on the first "receiving", start feeding
+    from the byte modeld has, and return it."""
+    if progress.phase == "receiving" and feeder.thread is None:
+        if progress.completed_bytes:
+            display.line(f"resuming at {human(progress.completed_bytes)}")
+        display.phase("receiving", progress.completed_bytes, progress.total_bytes)
+        feeder.start(progress.completed_bytes)
+        return progress.completed_bytes
+    if progress.phase == "waiting":
+        display.phase("waiting for another pull of this blob", 0, progress.total_bytes)
+    elif progress.phase == "verifying":
+        display.phase("verifying", progress.completed_bytes, progress.total_bytes)
+    return None
+
+
+def _pull_failed(error: BaseException, cause: BaseException | None) -> BaseException:
+    """What to raise for modeld's PullFailed: another try (from byte 0 when
+    the server ignored the range), or the registry's error when trying again
+    cannot help."""
+    from syntrop.pull.fetch import RangeIgnored
+    from syntrop.pull.registries import RegistryError
+
+    if isinstance(cause, RangeIgnored):
+        return _Retry(str(cause), restart=True)
+    if isinstance(cause, RegistryError):
+        return _Retry(str(cause)) if cause.retryable else cause
+    return _Retry(describe(error))
+
+
 async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
                     http: "httpx.Client", display: Display, *, restart: bool) -> "Model":
     """One try: a Pull call, with a thread feeding the pipe once modeld says
@@ -510,34 +591,10 @@ async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
     from asyncvarlink import FileDescriptor
 
     from syntrop.interfaces.model import DigestMismatch, PullFailed
-    from syntrop.modeld.staging import set_pipe_size
-    from syntrop.pull.fetch import RangeIgnored, StoreClosed, fetch
     from syntrop.pull.registries import RegistryError
     from syntrop.varlink.client import CallTimeout
 
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    set_pipe_size(write_end)
-    failure: list[BaseException] = []
-    feeder: threading.Thread | None = None
-
-    def feed(offset: int) -> None:
-        try:
-            fetch(http, artifact, offset, write_end, what=args.reference, on_bytes=display.add)
-        except (RegistryError, StoreClosed) as error:
-            failure.append(error)
-        except Exception as error:  # reported by the caller, never a traceback
-            failure.append(RegistryError(f"{args.reference}: {error}"))
-        finally:
-            os.close(write_end)
-
-    def feed_error(wait: float = 5.0) -> BaseException | None:
-        """What went wrong on the HTTP side, once the feeder is done (it ends
-        soon after modeld stops reading; not when the server stalls)."""
-        if feeder is not None:
-            feeder.join(timeout=wait)
-        errors = [e for e in failure if not isinstance(e, StoreClosed)]
-        return errors[0] if errors else None
-
+    feeder = _Feeder(args, artifact, http, display)
     model = None
     resumed = 0
     try:
@@ -545,23 +602,11 @@ async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
         async with client as model1:
             replies = model1.Pull(
                 reference=args.reference, name=args.name, sha256=sha256, size=artifact.size,
-                fd=FileDescriptor(read_end), restart=restart or None,
+                fd=FileDescriptor(feeder.read_end), restart=restart or None,
             )
             async for reply in replies:
-                progress: PullProgress = reply["progress"]
-                if progress.phase == "receiving" and feeder is None:
-                    resumed = progress.completed_bytes
-                    if progress.completed_bytes:
-                        display.line(f"resuming at {human(progress.completed_bytes)}")
-                    display.phase("receiving", progress.completed_bytes, progress.total_bytes)
-                    feeder = threading.Thread(target=feed, args=(progress.completed_bytes,),
-                                              name="syn-fetch", daemon=True)
-                    feeder.start()
-                elif progress.phase == "waiting":
-                    display.phase("waiting for another pull of this blob", 0,
-                                  progress.total_bytes)
-                elif progress.phase == "verifying":
-                    display.phase("verifying", progress.completed_bytes, progress.total_bytes)
+                started = _show(reply["progress"], feeder, display)
+                resumed = started if started is not None else resumed
                 if reply["model"] is not None:
                     model = reply["model"]
     except DigestMismatch as error:
@@ -571,30 +616,19 @@ async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
             raise _Retry(describe(error), restart=True) from None
         raise
     except PullFailed as error:
-        cause = feed_error()
-        if isinstance(cause, RangeIgnored):
-            raise _Retry(str(cause), restart=True) from None
-        if isinstance(cause, RegistryError):
-            if cause.retryable:
-                raise _Retry(str(cause)) from None
-            raise cause from None
-        raise _Retry(describe(error)) from None
+        raise _pull_failed(error, feeder.error()) from None
     except (ConnectionError, EOFError, CallTimeout) as error:
-        cause = feed_error(wait=0.2)
+        cause = feeder.error(wait=0.2)
         if isinstance(cause, RegistryError) and not cause.retryable:
             raise cause from None
         raise _Retry(f"lost modeld during the pull ({error or type(error).__name__})") from None
     except CliError as error:
-        if feeder is not None:
+        if feeder.thread is not None:
             raise _Retry(str(error)) from None
         raise
     finally:
-        with contextlib.suppress(OSError):
-            os.close(read_end)
-        if feeder is None:
-            with contextlib.suppress(OSError):
-                os.close(write_end)
-    cause = feed_error()
+        feeder.close()
+    cause = feeder.error()
     if model is None:
         if cause is not None:
             raise cause
