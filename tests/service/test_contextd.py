@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.service.wire import Running, assert_no_traceback, daemon_env, daemon_named, running
+from tests.service.wire import (
+    Running,
+    assert_no_traceback,
+    daemon_env,
+    daemon_named,
+    running,
+    wait_for,
+)
 
 NAME = "io.syntrop.Context1"
 
@@ -191,7 +198,9 @@ def test_references_are_watched_and_ranked(tmp_path: Path) -> None:
         (system / "web.service").write_text(
             f"[Service]\nEnvironmentFile=-{env}\nExecStart=/usr/bin/web\n")
         wait_event(daemon, on(system / "web.service", "created"))
-        time.sleep(0.2)  # the reference is watched once the unit is read
+        # The reference is watched once the unit is read.
+        wait_for(lambda: str(env.parent) in call(daemon, "GetStatus")["watched_paths"], 10,
+                 "the EnvironmentFile's directory is not watched")
         env.write_text("PORT=8080\n")
         config = wait_event(daemon, on(env, "modified"))
         assert config["kind"] == "config" and "-PORT=80\n+PORT=8080" in diff_of(daemon, config)
