@@ -35,6 +35,19 @@ T = TypeVar("T")
 CHECKPOINT_EVERY = 256
 
 
+def _resolve(batch: "Sequence[tuple[object, asyncio.Future[object]]]",
+             outcomes: list[tuple[bool, object]]) -> None:
+    """Each caller's future, once its work is committed: its result, or
+    the error that undid its savepoint."""
+    for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)  # type: ignore[arg-type]
+
+
 class Database:
     """A connection used from one worker thread; `run()` awaits a function of
     the connection there. Every call is one transaction."""
@@ -132,13 +145,7 @@ class Database:
                 if not isinstance(error, Exception):
                     raise
                 continue
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)  # type: ignore[arg-type]
+            _resolve(batch, outcomes)
 
     def _flush_on_loop(self) -> None:
         self._flush_handle = None
@@ -150,13 +157,7 @@ class Database:
                 if not future.done():
                     future.set_exception(error)
             return
-        for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-            if future.done():
-                continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)  # type: ignore[arg-type]
+        _resolve(batch, outcomes)
         if self.commits % CHECKPOINT_EVERY == 0 and (
                 self._checkpointing is None or self._checkpointing.done()):
             self._checkpointing = self._executor.submit(self._checkpoint)
