@@ -110,7 +110,7 @@ def _node(root: Path) -> Iterator[None]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import varlink
     from tests.models import model_node
-    from tests.service.test_contextd import contextd, on, wait_event
+    from tests.service.contextd_node import contextd, on, wait_event
     from tests.support import activated
 
     units = root / "units"

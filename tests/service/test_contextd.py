@@ -6,113 +6,31 @@ made while it was not running, a flood of 10,000 changes, bad parameters.
 
 The journal and package sources are in test_contextd_sources.py."""
 
-import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-import varlink
-
+from tests.service.contextd_node import (
+    NAME,
+    call,
+    configure,
+    contextd,
+    diff_of,
+    error_of,
+    events,
+    on,
+    wait_event,
+)
 from tests.service.wire import (
-    Running,
     assert_no_traceback,
     daemon_env,
     daemon_named,
     running,
     wait_for,
 )
-
-NAME = "io.syntrop.Context1"
-
-
-def toml_list(values: list[str]) -> str:
-    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
-
-
-def configure(root: Path, units: list[Path], *, top: str = "", **tables: dict[str, Any]) -> None:
-    """Write root/config/contextd.toml: `units` watched, nothing of the host
-    read (no package logs, no journal) unless a table says otherwise."""
-    sections: dict[str, dict[str, Any]] = {
-        "packages": {"dpkg_log": "", "apt_history": "", "dnf_log": "",
-                     "dpkg_info": str(root / "info")},
-        "journal": {"journalctl": ""},
-    }
-    for name, values in tables.items():
-        sections.setdefault(name, {}).update(values)
-    lines = [f"unit_dirs = {toml_list([str(u) for u in units])}",
-             f"reference_prefixes = {toml_list([str(root) + '/'])}", top]
-    for name, values in sections.items():
-        lines.append(f"[{name}]")
-        for key, value in values.items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, int | float):
-                lines.append(f"{key} = {value}")
-            elif isinstance(value, list):
-                lines.append(f"{key} = {toml_list(value)}")
-            else:
-                lines.append(f'{key} = "{value}"')
-    (root / "config").mkdir(parents=True, exist_ok=True)
-    (root / "config" / "contextd.toml").write_text("\n".join(lines) + "\n")
-
-
-@contextlib.contextmanager
-def contextd(root: Path, units: list[Path], *, top: str = "",
-             idle_timeout: float = 0, **tables: dict[str, Any]) -> Iterator[Running]:
-    configure(root, units, top=top, **tables)
-    with running("contextd", root, idle_timeout=idle_timeout) as daemon:
-        # contextd answers at once and starts watching behind the first
-        # reply; GetStatus waits until it watches, as a client that is
-        # about to make changes would.
-        call(daemon, "GetStatus")
-        yield daemon
-        daemon.assert_healthy()
-
-
-def call(daemon: Running, method: str, **params: Any) -> Any:
-    with varlink.Client(address=daemon.address) as client, client.open(NAME) as proxy:
-        return getattr(proxy, method)(**params)
-
-
-def error_of(daemon: Running, method: str, **params: Any) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as caught:
-        call(daemon, method, **params)
-    return caught.value.error(), caught.value.parameters()
-
-
-def events(daemon: Running, **params: Any) -> list[dict[str, Any]]:
-    found = call(daemon, "ListEvents", **params)["events"]
-    assert isinstance(found, list)
-    return found
-
-
-def wait_event(daemon: Running, match: Callable[[dict[str, Any]], bool],
-               timeout: float = 5) -> dict[str, Any]:
-    """The first event `match` accepts, polling until `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for event in events(daemon):
-            if match(event):
-                return event
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no such event within {timeout} s; timeline: "
-                                 f"{[e['summary'] for e in events(daemon)]}")
-        time.sleep(0.02)
-
-
-def on(path: Path, action: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: e.get("path") == str(path) and e["action"] == action
-
-
-def diff_of(daemon: Running, event: dict[str, Any]) -> str:
-    diff = call(daemon, "GetEvent", id=event["id"])["event"]["diff"]
-    assert isinstance(diff, str)
-    return diff
 
 
 def test_file_changes_are_recorded_with_diffs(tmp_path: Path) -> None:

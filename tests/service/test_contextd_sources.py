@@ -5,56 +5,31 @@ incrementally across rotation."""
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.service.test_contextd import call, contextd, events, on, wait_event
+from tests.service.contextd_node import (
+    call,
+    contextd,
+    events,
+    journal_remote,
+    kernel,
+    on,
+    wait_event,
+    write_journal,
+)
 
 S = 1_000_000
-BOOT = "0123456789abcdef0123456789abcdef"
 INVOCATION = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 FAILURE_ID = "d9b373ed55a64feb8242e02dbe79a49c"
-
-
-def journal_remote() -> str | None:
-    found = shutil.which("systemd-journal-remote")
-    for candidate in (found, "/lib/systemd/systemd-journal-remote",
-                      "/usr/lib/systemd/systemd-journal-remote"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 needs_journal = pytest.mark.skipif(
     journal_remote() is None or shutil.which("journalctl") is None,
     reason="systemd-journal-remote or journalctl missing (Debian: systemd-journal-remote)")
-
-
-def export(entries: list[dict[str, Any]]) -> str:
-    """Journal export format: FIELD=value lines, a blank line after each."""
-    blocks = []
-    for fields in entries:
-        ts = int(fields.pop("ts"))
-        lines = [f"__REALTIME_TIMESTAMP={ts}", f"__MONOTONIC_TIMESTAMP={ts % 10**12}",
-                 f"_BOOT_ID={BOOT}", "_HOSTNAME=test"]
-        lines += [f"{key}={value}" for key, value in fields.items()]
-        blocks.append("\n".join(lines) + "\n")
-    return "\n".join(blocks) + "\n"
-
-
-def write_journal(path: Path, entries: list[dict[str, Any]]) -> None:
-    """Write (or append to) a real journal file with systemd-journal-remote."""
-    tool = journal_remote()
-    assert tool is not None
-    source = path.with_suffix(".export")
-    source.write_text(export(entries))
-    result = subprocess.run([tool, f"--output={path}", str(source)], capture_output=True,
-                            text=True, timeout=30, check=False)
-    assert result.returncode == 0, result.stderr
 
 
 def web(ts: int, message: str, priority: int = 6, **fields: Any) -> dict[str, Any]:
@@ -67,11 +42,6 @@ def systemd(ts: int, message: str, priority: int = 6, **fields: Any) -> dict[str
     return {"ts": ts, "MESSAGE": message, "PRIORITY": priority, "_PID": 1, "UNIT": "web.service",
             "_SYSTEMD_UNIT": "init.scope", "SYSLOG_IDENTIFIER": "systemd",
             "INVOCATION_ID": INVOCATION, **fields}
-
-
-def kernel(ts: int, message: str) -> dict[str, Any]:
-    return {"ts": ts, "MESSAGE": message, "PRIORITY": 3, "_TRANSPORT": "kernel",
-            "SYSLOG_IDENTIFIER": "kernel"}
 
 
 def other(ts: int, message: str) -> dict[str, Any]:

@@ -9,73 +9,18 @@ import importlib.util
 import json
 import socket
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import h11
 import pytest
 import varlink
 
 from tests.models import model_node
 from tests.support import Activated, activated
-from tests.upstreams import send_json, serving
+from tests.upstreams import openai_upstream as upstream
 
 NAME = "io.syntrop.Router1"
-
-
-# the loopback upstream -----------------------------------------------------
-
-
-def _chat(model: str, text: str) -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}]}
-
-
-def _chunk(model: str, text: str) -> str:
-    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
-                       "model": model, "choices": [{"index": 0, "delta": {"content": text},
-                                                    "finish_reason": None}]})
-
-
-async def _answer(conn: h11.Connection, request: h11.Request, body: bytes,
-                  writer: asyncio.StreamWriter) -> bool:
-    """/<name>/v1/…: answers as <name>; /garbage, /hang and /broken misbehave."""
-    kind, _, path = request.target.decode().partition("/v1")
-    if kind == "/garbage":
-        writer.write(b"this is not HTTP at all\r\n\r\n")
-        return False
-    if kind == "/hang":
-        await asyncio.sleep(10)
-        return False
-    if kind == "/broken":
-        send_json(conn, writer, b'{"error": {"message": "boom"}}', status=500)
-    elif kind == "/echo":  # the request as received, as the answer's content
-        send_json(conn, writer, _chat("e", body.decode()))
-    elif path == "/models":
-        send_json(conn, writer, {"object": "list", "data": [
-            {"id": "discovered", "object": "model"}]})
-    else:
-        decoded = json.loads(body)
-        model = decoded["model"]
-        if decoded.get("stream"):
-            writer.write(conn.send(h11.Response(status_code=200, headers=[
-                ("content-type", "text/event-stream")])))
-            for word in ("Hello", ", ", "world"):
-                writer.write(conn.send(h11.Data(
-                    data=f"data: {_chunk(model, word)}\n\n".encode())))
-                await writer.drain()
-            writer.write(conn.send(h11.Data(data=b"data: [DONE]\n\n"))
-                         + conn.send(h11.EndOfMessage()))
-        else:
-            send_json(conn, writer, _chat(model, f"{kind[1:]} answers"))
-    return True
-
-
-def upstream() -> AbstractContextManager[int]:
-    """An OpenAI-style server on a free loopback port, in a thread."""
-    return serving(_answer)
 
 
 # routerd -------------------------------------------------------------------

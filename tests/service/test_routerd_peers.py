@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.service.test_routerd import upstream
 from tests.support import activated
+from tests.upstreams import openai_upstream as upstream
 
 NAME = "io.syntrop.Router1"
 

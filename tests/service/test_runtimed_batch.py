@@ -16,7 +16,7 @@ import pytest
 from syntrop.interfaces.runtime import ChatMessage, Constraint, Sampling
 from tests import tinymodel
 from tests.models import require_llama
-from tests.service.test_runtimed import Node, chunk_of, register, started
+from tests.service.runtimed_node import Node, chunk_of, register, started
 
 require_llama()
 

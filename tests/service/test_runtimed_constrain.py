@@ -17,7 +17,7 @@ from asyncvarlink import VarlinkErrorReply
 from syntrop.interfaces.runtime import ChatMessage, Constraint, InvalidConstraint, Sampling
 from syntrop.runtimed import constrain
 from tests.models import require_llama
-from tests.service.test_runtimed import Node, collect, started
+from tests.service.runtimed_node import Node, collect, started
 
 require_llama()
 
@@ -130,7 +130,7 @@ def test_bad_constraints_are_declared_errors_before_any_token(
 
 
 def test_a_session_decodes_under_a_constraint(node: Node) -> None:
-    from tests.service.test_runtimed import manifest
+    from tests.service.runtimed_node import manifest
 
     async def main() -> str:
         async with await node.runtimed() as runtime:

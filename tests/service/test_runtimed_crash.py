@@ -21,7 +21,7 @@ from asyncvarlink import VarlinkErrorReply
 
 from syntrop.interfaces.runtime import ChatMessage, EngineWorker
 from tests.models import SMOLLM2_SHA256, require_llama, smollm2
-from tests.service.test_runtimed import Node, chunk_of, greedy, manifest
+from tests.service.runtimed_node import Node, chunk_of, greedy, manifest
 from tests.support import activated
 
 require_llama()

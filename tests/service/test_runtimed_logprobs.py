@@ -20,7 +20,7 @@ from syntrop.interfaces.runtime import (
     Speculative,
 )
 from tests.models import require_llama
-from tests.service.test_runtimed import Node, chunk_of, manifest, started
+from tests.service.runtimed_node import Node, chunk_of, manifest, started
 
 require_llama()
 

@@ -22,7 +22,7 @@ from syntrop.interfaces.runtime import (
 from syntrop.varlink.client import connect
 from tests import tinymodel
 from tests.models import require_llama
-from tests.service.test_runtimed import Node, collect, manifest, started
+from tests.service.runtimed_node import Node, collect, manifest, started
 
 require_llama()
 

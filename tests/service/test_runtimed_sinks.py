@@ -23,7 +23,7 @@ from syntrop.interfaces.runtime import (
 )
 from tests import tinymodel
 from tests.models import require_llama
-from tests.service.test_runtimed import Node, chunk_of, manifest, register, started
+from tests.service.runtimed_node import Node, chunk_of, manifest, register, started
 
 require_llama()
 

@@ -17,8 +17,7 @@ import pytest
 import varlink
 
 from tests import fakesysfs
-from tests.service.test_contextd import contextd
-from tests.service.test_contextd_sources import journal_remote, kernel, write_journal
+from tests.service.contextd_node import contextd, journal_remote, kernel, write_journal
 from tests.support import Activated, activated
 
 S = 1_000_000

@@ -19,7 +19,7 @@ import pytest
 import varlink
 
 from tests.models import model_node, require_llama
-from tests.service.test_contextd import contextd, on, wait_event
+from tests.service.contextd_node import contextd, on, wait_event
 from tests.support import Activated, activated
 
 require_llama()
