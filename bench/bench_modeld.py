@@ -134,7 +134,7 @@ def transfer(store: Store, name: str) -> float:
     fsync, verify, link, commit)."""
     import argparse
 
-    from syntrop.cli import models
+    from syntrop.cli import pulling
     from syntrop.modeld import refs
 
     reference = "hf://bench/Big-GGUF/big.gguf"
@@ -145,7 +145,7 @@ def transfer(store: Store, name: str) -> float:
     os.environ.update({k: v for k, v in store.env().items() if k in saved})
     try:
         os.sync()
-        models._pull_remote(refs.parse(reference), args, clock)  # type: ignore[arg-type]
+        pulling._pull_remote(refs.parse(reference), args, clock)  # type: ignore[arg-type]
         done = time.perf_counter()
     finally:
         for key, value in saved.items():

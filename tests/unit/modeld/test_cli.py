@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from syntrop.cli.models import describe, human, parse_size
+from syntrop.cli.modelclient import describe, human, parse_size
 from syntrop.interfaces import model as contract
 from syntrop.varlink import InvalidParameter
 
