@@ -300,6 +300,7 @@ class Instance:
         self.cgroup: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.pid = 0
+        self.started = 0.0  # time.monotonic() at boot
         self.boot_seconds = 0.0
         self.install_seconds = 0.0
         self._closed = False
@@ -308,7 +309,7 @@ class Instance:
 
     def boot(self, timeout: float = 60) -> None:
         atexit.register(self.close)
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         try:
             self._start()
             self._wait_running(timeout)
@@ -470,6 +471,11 @@ class Instance:
         """Run argv inside the instance (all its namespaces, its root)."""
         if not self.pid or self._closed:
             raise RuntimeError("the instance is not running")
+        if not os.path.exists(f"/proc/{self.pid}"):
+            raise RuntimeError(
+                f"the instance's systemd (pid {self.pid}) is gone; its time to live is "
+                f"{self.ttl} s (SYNTROP_SYSTEM_TTL), {time.monotonic() - self.started:.0f} s "
+                "have passed since it booted")
         environment = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8",
