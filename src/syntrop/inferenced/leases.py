@@ -120,9 +120,12 @@ class Leases:
     them, and the host they are applied to."""
 
     def __init__(self, store: Store, planes: Callable[[], list[arb.Plane]], host: Host,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 loaded: tuple[list[LeaseRecord], list[Group]] | None = None) -> None:
+        """`loaded`: the store's leases and groups when the caller has just
+        read them (inferenced's start reads the store once)."""
         self.store, self.planes, self.host, self.clock = store, planes, host, clock
-        records, groups, _, _ = store.load()
+        records, groups = loaded if loaded is not None else store.load()[:2]
         self.records = {r.lease.id: r for r in records}
         self.groups = {g.id: g for g in groups}
         self.arbiter = arb.Arbiter(planes(), (r.lease for r in records))

@@ -74,11 +74,12 @@ class InferenceService(Inference1):
         self.root = self.config.root
         self.topology: Topology = scan(self.root, self.config.topology)
         self.store = Store(paths.state / "inferenced.db")
-        _, _, models, quarantine = self.store.load()
+        records, groups, models, quarantine = self.store.load()
         self.models = {m.id: m for m in models}
         self.quarantine = quarantine
         self.mount = cgroup.find_mount()
-        self.leases = Leases(self.store, self._planes, LinuxHost(self.mount))
+        self.leases = Leases(self.store, self._planes, LinuxHost(self.mount),
+                             loaded=(records, groups))
         self.trigger: psi.Trigger | None = None
         self._psi_cache: tuple[float, dict[str, float]] | None = None
 

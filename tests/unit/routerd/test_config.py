@@ -93,3 +93,15 @@ def test_api_key_from_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConfigError):
         parse({"providers": [{"id": "a", "kind": "openai", "endpoint": "http://h/v1",
                               "api_key_credential": "key"}]})
+
+
+@pytest.mark.parametrize("value", ['"8"', "-1", "5000", "true"])
+def test_idle_connections_out_of_bounds_is_a_config_error(value: str) -> None:
+    import tomllib
+
+    data = tomllib.loads('[[providers]]\nid = "up"\nkind = "openai"\n'
+                         f'endpoint = "http://127.0.0.1:1/v1"\nidle_connections = {value}\n')
+    with pytest.raises(ConfigError, match="idle_connections"):
+        parse(data)
+    assert parse({"providers": [{"id": "up", "kind": "openai", "endpoint": "http://x/v1"}]}
+                 ).providers[0].idle_connections == 256
