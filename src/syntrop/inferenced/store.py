@@ -147,9 +147,15 @@ class Store:
             if group is not None:
                 c.execute("INSERT OR REPLACE INTO groups VALUES (?, ?, ?)",
                           (group.id, group.gang_id, group.gang_policy))
-            if records:
+            # execute for one row (the usual acquire or release): executemany
+            # costs more than the statement itself then.
+            if len(records) == 1:
+                c.execute(_UPSERT, _row(records[0]))
+            elif records:
                 c.executemany(_UPSERT, [_row(r) for r in records])
-            if remove:
+            if len(remove) == 1:
+                c.execute("DELETE FROM leases WHERE id = ?", (remove[0],))
+            elif remove:
                 c.executemany("DELETE FROM leases WHERE id = ?", [(i,) for i in remove])
             if drop_groups:
                 c.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in drop_groups])

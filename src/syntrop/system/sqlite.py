@@ -6,10 +6,10 @@ being killed (kill -9, crash), which is what daemons that exit on idle need;
 only a power loss can take the last transactions back.
 
 Group commit (`batched`): work handed in while the worker thread is busy
-committing waits for it, then all of it goes in one transaction (a savepoint
-each, so one that fails is undone alone); every caller returns only once its
-own work is committed. Under concurrency one COMMIT serves many callers;
-alone, a caller pays what `run` costs.
+committing waits for it, then all of it goes in one transaction (run again
+with a savepoint each when one fails, so that it alone is undone); every
+caller returns only once its own work is committed. Under concurrency one
+COMMIT serves many callers; alone, a caller pays what `run` costs.
 
 With `commit_on_loop` the group commit runs on the event loop's thread
 instead, once per loop iteration: what every callback of one iteration
@@ -173,27 +173,24 @@ class Database:
 
     def _group(self, functions: list[Callable[[sqlite3.Connection], object]]
                ) -> list[tuple[bool, object]]:
-        """One transaction for all of `functions`, each in a savepoint of its
-        own when there are several (one that fails is undone alone); alone,
-        a failure undoes the transaction and no savepoint is paid for."""
-        outcomes: list[tuple[bool, object]] = []
-        alone = len(functions) == 1
+        """One transaction for all of `functions`. Optimistic: they run one
+        after another with nothing between them; when one fails, the
+        transaction is rolled back and run again with a savepoint around
+        each, so that only the failing one is undone. A function may
+        therefore run twice: it must touch nothing but the connection."""
         with self._lock:
             connection = self.connection
             connection.execute("BEGIN IMMEDIATE")
             try:
-                for function in functions:
-                    if not alone:
-                        connection.execute("SAVEPOINT one")
-                    try:
-                        outcomes.append((True, function(connection)))
-                    except Exception as error:
-                        connection.execute("ROLLBACK" if alone else "ROLLBACK TO one")
-                        outcomes.append((False, error))
-                        if alone:
-                            return outcomes
-                    if not alone:
-                        connection.execute("RELEASE one")
+                try:
+                    outcomes: list[tuple[bool, object]] = [
+                        (True, function(connection)) for function in functions]
+                except Exception as error:
+                    connection.execute("ROLLBACK")
+                    if len(functions) == 1:
+                        return [(False, error)]
+                    connection.execute("BEGIN IMMEDIATE")
+                    outcomes = self._each_in_a_savepoint(functions)
                 connection.execute("COMMIT")
             except BaseException:
                 if connection.in_transaction:
@@ -201,6 +198,20 @@ class Database:
                 raise
             self.commits += 1
             self.grouped += len(functions)
+        return outcomes
+
+    def _each_in_a_savepoint(self, functions: list[Callable[[sqlite3.Connection], object]]
+                             ) -> list[tuple[bool, object]]:
+        connection = self.connection
+        outcomes: list[tuple[bool, object]] = []
+        for function in functions:
+            connection.execute("SAVEPOINT one")
+            try:
+                outcomes.append((True, function(connection)))
+            except Exception as error:
+                connection.execute("ROLLBACK TO one")
+                outcomes.append((False, error))
+            connection.execute("RELEASE one")
         return outcomes
 
     def close(self) -> None:

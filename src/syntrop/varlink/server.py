@@ -62,6 +62,7 @@ from asyncvarlink.conversion import (
 from asyncvarlink.serviceinterface import InvalidParameter
 from asyncvarlink.types import FileDescriptorArray
 
+from syntrop.varlink.flat import converter
 from syntrop.varlink.peer import Peer, credentials, reset_current, set_current
 
 logger = logging.getLogger(__name__)
@@ -295,7 +296,7 @@ class _Connection:
         if call.upgrade:
             raise InvalidParameter(parameter="upgrade")
         try:
-            params = signature.parameter_type.fromjson(
+            params = converter(signature.parameter_type).fromjson(
                 call.parameters, {FileDescriptorVarlinkType: fdarray}
             )
         except ConversionError as error:
@@ -435,7 +436,7 @@ class _Connection:
         done: Callable[[], None] | None = None
         try:
             # Most replies carry no descriptor: convert without an array first.
-            parameters = signature.return_type.tojson(result.parameters, _NO_FDS)
+            parameters = converter(signature.return_type).tojson(result.parameters, _NO_FDS)
         except ConversionError:
             sentinel = object()
             fdarray = FileDescriptorArray(sentinel)
