@@ -9,14 +9,13 @@ routerd computes the same chain from a request, as it would send it, and
 routes to the provider holding the deepest digest of it. A digest is a
 routing hint only: runtimed reuses KV by comparing tokens, never by digest.
 
-No I/O, and not hashlib: `import hashlib` loads OpenSSL's libcrypto, about
-3 MiB of routerd's 24 MiB budget. CPython's own SHA-256 gives the same
-digests.
+No I/O, and not hashlib (syntrop.system.digest): `import hashlib` loads
+OpenSSL's libcrypto, about 3 MiB of routerd's 24 MiB budget.
 """
 
-import importlib
 from collections.abc import Collection, Sequence
-from typing import Any
+
+from syntrop.system.digest import sha256
 
 #: Hex characters kept of each digest (64 bits: collisions do not matter
 #: for a hint, and a fleet record stays small).
@@ -24,15 +23,6 @@ DIGEST_HEX = 16
 #: Digests a context reports: the first few (a shared system prompt) and
 #: the last ones (a conversation going on).
 REPORT_FIRST, REPORT_LAST = 4, 12
-
-
-def sha256(data: bytes = b"") -> Any:
-    """A SHA-256 object (update, copy, hexdigest), CPython's builtin one."""
-    try:
-        module = importlib.import_module("_sha2")  # Python 3.12 and later
-    except ImportError:
-        module = importlib.import_module("_sha256")
-    return module.sha256(data)
 
 
 def chain(turns: Sequence[tuple[str, str]]) -> list[tuple[str, int]]:

@@ -13,10 +13,11 @@ a line or stanza half written is read next time.
 """
 
 import glob
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from syntrop.system.digest import sha256
 
 _HEAD = 256
 
@@ -29,7 +30,7 @@ class Position:
 
 
 def _head(fd: int, length: int) -> str:
-    return hashlib.sha256(os.pread(fd, min(length, _HEAD), 0)).hexdigest()
+    return str(sha256(os.pread(fd, min(length, _HEAD), 0)).hexdigest())
 
 
 def _rotated(path: str, inode: int) -> str | None:

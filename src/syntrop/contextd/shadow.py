@@ -12,12 +12,12 @@ and never diffed). Binary content (a NUL byte, or not UTF-8) is hashed, not
 kept.
 """
 
-import difflib
 import errno
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
+
+from syntrop.system.digest import sha256
 
 #: Bytes of a large file hashed to tell whether it changed; past this the
 #: size and modification time decide.
@@ -67,7 +67,7 @@ def snapshot(path: str, *, max_file_bytes: int, budget: int) -> FileState | None
         except OSError as error:
             return _unreadable(error)
         return FileState(kind="symlink", mode=mode, size=len(target), mtime_ns=st.st_mtime_ns,
-                         digest=hashlib.sha256(os.fsencode(target)).hexdigest(), target=target)
+                         digest=str(sha256(os.fsencode(target)).hexdigest()), target=target)
     if stat.S_ISDIR(st.st_mode):
         return FileState(kind="dir", mode=mode, size=0, mtime_ns=st.st_mtime_ns, digest="")
     if not stat.S_ISREG(st.st_mode):
@@ -93,6 +93,8 @@ def snapshot(path: str, *, max_file_bytes: int, budget: int) -> FileState | None
 
 
 def _read(fd: int, st: os.stat_result, *, max_file_bytes: int, budget: int) -> FileState:
+    import hashlib  # here, not at start-up: it maps libcrypto
+
     hasher = hashlib.sha256()
     head = bytearray()
     total = 0
@@ -212,6 +214,8 @@ def _diff(path: str, old: FileState | None, new: FileState | None,
         shown = new if new is not None else old
         assert shown is not None
         return None, _describe(shown)
+    import difflib  # a diff is made when a file changed, not at start-up
+
     lines = list(difflib.unified_diff(
         before, after, fromfile="/dev/null" if old is None else f"a{path}",
         tofile="/dev/null" if new is None else f"b{path}", n=3))

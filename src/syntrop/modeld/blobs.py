@@ -18,7 +18,6 @@ descriptor is closed, even across a restart of modeld.
 import contextlib
 import logging
 import os
-import secrets
 from pathlib import Path
 
 from syntrop.system import files
@@ -107,7 +106,7 @@ class BlobTree:
         with contextlib.suppress(OSError):
             if os.path.samefile(blob, target):
                 return  # already this blob: rename(2) onto the same inode would keep both names
-        temporary = target.parent / f".{tag}.{secrets.token_hex(4)}.tmp"
+        temporary = target.parent / f".{tag}.{os.urandom(4).hex()}.tmp"
         os.link(blob, temporary)
         try:
             os.replace(temporary, target)

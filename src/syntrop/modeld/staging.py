@@ -24,16 +24,19 @@ a Receiver is used by one thread at a time, guarded by its lock.
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import select
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from syntrop.modeld.blobs import BlobTree
 from syntrop.system import files
+
+if TYPE_CHECKING:
+    import hashlib
 
 CHUNK = 1 << 20
 #: Start writeback every this many bytes, so the fsync before the blob is
@@ -76,6 +79,8 @@ class Busy(StagingError):
 def hash_fd(fd: int, start: int = 0, end: int | None = None,
             digest: "hashlib._Hash | None" = None) -> "hashlib._Hash":
     """Hash bytes [start, end) of `fd` (to EOF when end is None) with pread."""
+    import hashlib  # here, not at start-up: it maps libcrypto (see system/digest.py)
+
     digest = digest or hashlib.sha256()
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
@@ -168,6 +173,8 @@ class Receiver:
         self.offset = offset
         self.durable = offset
         self.resumed = offset
+        import hashlib
+
         self.hash = hashlib.sha256()
         self.source = -1
         self.last_sync = self.last_data = time.monotonic()

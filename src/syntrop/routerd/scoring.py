@@ -218,6 +218,6 @@ def candidates(
 
 
 def _rendezvous(key: str, provider: str) -> str:
-    from syntrop.prefix import sha256  # not hashlib: it maps libcrypto
+    from syntrop.system.digest import sha256  # not hashlib: it maps libcrypto
 
     return str(sha256(f"{key}\0{provider}".encode()).hexdigest())

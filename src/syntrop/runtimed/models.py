@@ -6,7 +6,6 @@ on to the model's engine worker (residency.py), which keeps it open while
 the model is resident.
 """
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -30,6 +29,8 @@ def bare(digest: str) -> str:
 def sha256_of(fd: int) -> str:
     """SHA-256 (hex) of the whole file behind `fd`, read with pread so the
     descriptor's offset is left alone."""
+    import hashlib  # here: libcrypto is mapped by the processes that hash weights
+
     digest = hashlib.sha256()
     offset = 0
     while True:

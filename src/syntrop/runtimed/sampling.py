@@ -4,7 +4,7 @@ Pure: no engine, no Varlink. The service turns the wire's `Sampling` into a
 `Params` with `validate`, which raises `SamplingError` naming the parameter.
 """
 
-import secrets
+import os
 from dataclasses import dataclass
 
 MAX_STOPS = 8
@@ -12,11 +12,19 @@ MAX_STOP_LENGTH = 256
 MAX_TEMPERATURE = 10.0
 #: llama.cpp reads 2^32 - 1 as "choose a random seed": the largest one that repeats.
 MAX_SEED = (1 << 32) - 2
+
 DEFAULT_MAX_TOKENS = 256
 #: llama.cpp's own default min-p filter (llama-cpp-python's too).
 DEFAULT_MIN_P = 0.05
 #: Most alternatives a token's logprobs list (OpenAI's top_logprobs bound).
 MAX_LOGPROBS = 20
+
+
+def _random_seed() -> int:
+    """A seed from the kernel's random source, as secrets.randbelow would
+    draw it (whose import maps libcrypto): 64 random bits folded into the
+    seed's range, a bias below one part in 2**32."""
+    return int.from_bytes(os.urandom(8), "little") % MAX_SEED
 
 
 class SamplingError(ValueError):
@@ -86,7 +94,7 @@ def validate(
         temperature=temperature if temperature is not None else defaults.temperature,
         top_p=top_p if top_p is not None else defaults.top_p,
         top_k=top_k if top_k is not None else defaults.top_k,
-        seed=seed if seed is not None else secrets.randbelow(MAX_SEED),
+        seed=seed if seed is not None else _random_seed(),
         stop=stops,
         min_p=min_p if min_p is not None else defaults.min_p,
         reasoning_budget=reasoning_budget,

@@ -31,7 +31,6 @@ import contextlib
 import functools
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
@@ -601,7 +600,7 @@ class RuntimeService(Runtime1):
         """The worker's context for a new session (the caller holds a slot
         and the model; both are given back on failure), and its entry. Owns
         `lora_fd` (the worker gets a copy)."""
-        session_id = secrets.token_hex(16)
+        session_id = os.urandom(16).hex()
         try:
             result = await self._call(
                 resident, "open", {"session": session_id, "options": asdict(options),

@@ -11,12 +11,13 @@ Fence: the newest owner instance id seen by OpenSession is the current epoch.
 Sessions opened under an older owner answer `StaleSession` from then on.
 """
 
-import hashlib
 import json
-import secrets
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from syntrop.system.digest import sha256
 
 E = TypeVar("E")
 
@@ -41,7 +42,7 @@ class StaleSession(SessionError):
 
 
 def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return str(sha256(data).hexdigest())
 
 
 def token_hash(tokens: Sequence[int]) -> str:
@@ -153,7 +154,7 @@ class SessionTable(Generic[E]):
 
     def add(self, *, owner: str, model: str, engine: E, add_bos: bool = True,
             session_id: str | None = None, uid: int = 0) -> Session[E]:
-        session = Session(session_id=session_id or secrets.token_hex(16), owner=owner, model=model,
+        session = Session(session_id=session_id or os.urandom(16).hex(), owner=owner, model=model,
                           engine=engine, add_bos=add_bos, uid=uid)
         self._sessions[session.session_id] = session
         return session
