@@ -27,7 +27,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +101,8 @@ def seccomp_status() -> str:
 
 def bubblewrap_status(bwrap: str = BWRAP) -> str:
     """"" when `bwrap` exists and can make its namespaces here, else why not."""
+    import shutil  # here: it imports bz2, lzma and zlib, ~3 ms of toold's start
+
     path = shutil.which(bwrap)
     if path is None:
         return f"{bwrap} not found (apt install bubblewrap)"
