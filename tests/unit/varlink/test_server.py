@@ -331,6 +331,38 @@ def test_pipelined_calls_are_answered_in_order() -> None:
     run(main())
 
 
+def test_pipelined_async_calls_and_streams_follow_each_other_in_order() -> None:
+    """An async call hands the connection on from its own end (not its
+    task's done callback): the next pipelined call, async or a stream,
+    starts at once and every answer keeps its place."""
+    async def main() -> None:
+        server, path, _ = await serve()
+        client = await connect(path)
+        calls: list[tuple[str, dict[str, object]]] = [
+            ("io.syntrop.Probe1.Sleep", {"seconds": 0}) for _ in range(3)]
+        calls += [("io.syntrop.Probe1.Count", {"upto": 3}),
+                  ("io.syntrop.Probe1.Sleep", {"seconds": "soon"}),
+                  ("io.syntrop.Probe1.Sleep", {"seconds": 0}),
+                  ("io.syntrop.Probe1.Who", {})]
+        batch = b"".join(
+            json.dumps({"method": m, "parameters": p, **({"more": True} if "Count" in m else {})}
+                       ).encode() + b"\0" for m, p in calls)
+        await asyncio.get_running_loop().sock_sendall(client.sock, batch)
+        replies = [(await client.receive())[0] for _ in range(9)]
+        assert replies[:3] == [{"parameters": {}}] * 3
+        assert [r["parameters"] for r in replies[3:6]] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert replies[5].get("continues") is None and replies[3]["continues"] is True
+        assert replies[6]["error"] == "org.varlink.service.InvalidParameter"
+        assert replies[7] == {"parameters": {}}
+        assert replies[8]["parameters"]["pid"] == os.getpid()
+        await asyncio.sleep(0)
+        assert not server.tasks
+        client.sock.close()
+        await server.close()
+
+    run(main())
+
+
 def test_message_over_limit_closes_only_that_connection() -> None:
     async def main() -> None:
         server, path, _ = await serve(Limits(max_message=1024))
