@@ -15,6 +15,7 @@ Types with nested objects, lists, enums or file descriptors are asyncvarlink's
 alone.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from asyncvarlink.conversion import (
@@ -41,48 +42,38 @@ class Flat:
         self.fields = fields
 
     def fromjson(self, obj: Any, oobstate: Any = None) -> Any:
+        return self._convert(obj, oobstate, self.vtype.fromjson, parsing=True)
+
+    def tojson(self, obj: Any, oobstate: Any = None) -> Any:
+        return self._convert(obj, oobstate, self.vtype.tojson, parsing=False)
+
+    def _convert(self, obj: Any, oobstate: Any, fallback: Callable[[Any, Any], Any], *,
+                 parsing: bool) -> Any:
+        """Both directions: parsing (fromjson) also fills absent optional
+        parameters without a default with None and leaves out a None given
+        for one with a default, as asyncvarlink's signatures ask."""
         if type(obj) is not dict:
-            return self.vtype.fromjson(obj, oobstate)
+            return fallback(obj, oobstate)
         result: dict[str, Any] = {}
         present = 0
         for key, kind, optional, populate, discard in self.fields:
             value = obj.get(key, _MISSING)
             if value is _MISSING:
                 if not optional:
-                    return self.vtype.fromjson(obj, oobstate)  # raises
-                if populate:
+                    return fallback(obj, oobstate)  # raises
+                if populate and parsing:
                     result[key] = None
                 continue
             present += 1
             if value is None and optional:
-                if not discard:
+                if not (discard and parsing):
                     result[key] = None
             elif isinstance(value, kind):
                 result[key] = value
             else:
-                return self.vtype.fromjson(obj, oobstate)
+                return fallback(obj, oobstate)
         if present != len(obj):  # a key the type does not have
-            return self.vtype.fromjson(obj, oobstate)
-        return result
-
-    def tojson(self, obj: Any, oobstate: Any = None) -> Any:
-        if type(obj) is not dict:
-            return self.vtype.tojson(obj, oobstate)
-        result: dict[str, Any] = {}
-        present = 0
-        for key, kind, optional, _, _ in self.fields:
-            value = obj.get(key, _MISSING)
-            if value is _MISSING:
-                if not optional:
-                    return self.vtype.tojson(obj, oobstate)  # raises
-                continue
-            present += 1
-            if (value is None and optional) or isinstance(value, kind):
-                result[key] = value
-            else:
-                return self.vtype.tojson(obj, oobstate)
-        if present != len(obj):
-            return self.vtype.tojson(obj, oobstate)
+            return fallback(obj, oobstate)
         return result
 
 
