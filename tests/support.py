@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from syntrop.cli.launcher import DAEMONS, Daemon, daemon_environment
 
@@ -131,3 +132,23 @@ def varlinkctl() -> str | None:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def varlink_call(address: str, interface: str, method: str, **params: Any) -> Any:
+    """One call through python-varlink (a client that is not ours): the
+    reply's parameters. Raises varlink.VarlinkError for an error reply."""
+    import varlink
+
+    with varlink.Client(address=address) as client, client.open(interface) as proxy:
+        return getattr(proxy, method)(**params)
+
+
+def declared_error(call: Any, *args: Any, **params: Any) -> tuple[str, dict[str, Any]]:
+    """`call(*args, **params)` must answer a Varlink error: its name and
+    parameters (the test fails if it answers anything else)."""
+    import pytest
+    import varlink
+
+    with pytest.raises(varlink.VarlinkError) as caught:
+        call(*args, **params)
+    return caught.value.error(), caught.value.parameters()

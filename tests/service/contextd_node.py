@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-import varlink
-
 from tests.service.wire import Running, running
+from tests.support import declared_error, varlink_call
 
 BOOT = "0123456789abcdef0123456789abcdef"
 NAME = "io.syntrop.Context1"
@@ -66,14 +64,11 @@ def contextd(root: Path, units: list[Path], *, top: str = "",
 
 
 def call(daemon: Running, method: str, **params: Any) -> Any:
-    with varlink.Client(address=daemon.address) as client, client.open(NAME) as proxy:
-        return getattr(proxy, method)(**params)
+    return varlink_call(daemon.address, NAME, method, **params)
 
 
 def error_of(daemon: Running, method: str, **params: Any) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as caught:
-        call(daemon, method, **params)
-    return caught.value.error(), caught.value.parameters()
+    return declared_error(call, daemon, method, **params)
 
 
 def events(daemon: Running, **params: Any) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from syntrop.system import cgroup
 from syntrop.varlink.client import connect
 from tests import fakesysfs
 from tests.fakesysfs import GiB
-from tests.support import Activated, activated
+from tests.support import Activated, activated, declared_error, varlink_call
 
 NAME = "io.syntrop.Inference1"
 
@@ -39,14 +39,11 @@ def inferenced(tmp_path: Path, config: str = "") -> Iterator[Activated]:
 
 
 def call(daemon: Activated, method: str, **params: Any) -> Any:
-    with varlink.Client(address=daemon.address) as client, client.open(NAME) as iface:
-        return getattr(iface, method)(**params)
+    return varlink_call(daemon.address, NAME, method, **params)
 
 
 def error_of(daemon: Activated, method: str, **params: Any) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as caught:
-        call(daemon, method, **params)
-    return caught.value.error(), caught.value.parameters()
+    return declared_error(call, daemon, method, **params)
 
 
 def acquire(daemon: Activated, priority: str, memory: int, *, plane: str | None = None,

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import varlink
 
-from tests.support import Activated, activated
+from tests.support import Activated, activated, declared_error, varlink_call
 
 NAME = "io.syntrop.Sentry1"
 
@@ -34,14 +33,11 @@ def sentry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activated]:
 
 
 def call(daemon: Activated, method: str, **params: Any) -> Any:
-    with varlink.Client(address=daemon.address) as client, client.open(NAME) as iface:
-        return getattr(iface, method)(**params)
+    return varlink_call(daemon.address, NAME, method, **params)
 
 
 def error(daemon: Activated, method: str, **params: Any) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as raised:
-        call(daemon, method, **params)
-    return raised.value.error(), raised.value.parameters()
+    return declared_error(call, daemon, method, **params)
 
 
 def test_sentry_serves_without_systemd(sentry: Activated) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.support import Activated, activated
+from tests.support import Activated, activated, declared_error, varlink_call
 
 NAME = "io.syntrop.Tool1"
 
@@ -52,15 +52,13 @@ def served() -> Iterator[tuple[Activated, Path]]:
 
 
 def call(daemon: Activated, method: str, **params: Any) -> Any:
-    with varlink.Client(address=daemon.address) as client, client.open(NAME) as iface:
-        return getattr(iface, method)(**params)
+    return varlink_call(daemon.address, NAME, method, **params)
 
 
 def error_of(daemon: Activated, tool: Any, parameters: Any, dry_run: bool = False
              ) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as caught:
-        call(daemon, "Execute", tool=tool, parameters=parameters, dry_run=dry_run)
-    return caught.value.error(), caught.value.parameters()
+    return declared_error(call, daemon, "Execute", tool=tool, parameters=parameters,
+                          dry_run=dry_run)
 
 
 def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import varlink
 
+from tests.support import declared_error
 from tests.system.instance import NOBODY, Instance, call_as, wait_until
 
 NAME = "io.syntrop.Tool1"
@@ -48,9 +48,7 @@ def execute(instance: Instance, tool: str, **parameters: Any) -> Any:
 
 
 def error_of(instance: Instance, tool: str, **parameters: Any) -> tuple[str, dict[str, Any]]:
-    with pytest.raises(varlink.VarlinkError) as caught:
-        execute(instance, tool, **parameters)
-    return caught.value.error(), caught.value.parameters()
+    return declared_error(execute, instance, tool, **parameters)
 
 
 
