@@ -251,3 +251,29 @@ def test_a_failed_write_reloads_what_the_database_holds(host: FakeHost, store: S
         leases.close()
 
     asyncio.run(scenario())
+
+
+def test_a_database_of_the_rowid_schema_keeps_its_leases_when_migrated(tmp_path: Path) -> None:
+    """Schema 3 rebuilds the leases table keyed by id (WITHOUT ROWID); the
+    leases a database of schema 2 holds come through whole."""
+    from syntrop.inferenced.store import MIGRATIONS
+    from syntrop.system.sqlite import Database
+
+    path = tmp_path / "inferenced.db"
+    old = Database(path, MIGRATIONS[:2])
+    old.sync(lambda c: c.execute(
+        "INSERT INTO leases VALUES ('lease-1', 'gpu0', 4096, 'Batch', 'frozen', 1000, 200, 7, "
+        "'batch.service', '/system.slice/batch.service', NULL, NULL, NULL, 3, 0)"))
+    old.close()
+    store = Store(path)
+    try:
+        (record,), _, _, _ = store.load()
+        table = store.db.sync(lambda c: c.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'leases'").fetchone()[0])
+    finally:
+        store.close()
+    assert "WITHOUT ROWID" in table
+    assert record.lease == arb.Lease(id="lease-1", plane="gpu0", memory=4096, priority="Batch",
+                                     state="frozen", owner_uid=1000, pid=200,
+                                     unit="batch.service", group=None, seq=3, exclusive=False)
+    assert (record.pid_start, record.cgroup) == (7, "/system.slice/batch.service")
