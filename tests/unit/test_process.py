@@ -38,3 +38,44 @@ def test_an_exit_is_seen_once_and_a_gone_process_is_not_watched() -> None:
 
     seen = asyncio.run(main())
     assert len(seen) == 1
+
+
+def test_start_times_are_remembered_while_the_process_runs_and_not_after() -> None:
+    times = process.StartTimes(keep=2)
+    child = subprocess.Popen(["sleep", "30"])
+    others = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        started = process.start_time(child.pid)
+        assert started is not None
+        assert times.get(child.pid) == started
+        assert times.get(child.pid) == started  # remembered: one poll, no /proc read
+        assert child.pid in times._known
+        child.kill()
+        child.wait()
+        assert times.get(child.pid) is None  # exited and reaped: asked anew
+        assert child.pid not in times._known
+        fds = len(os.listdir("/proc/self/fd"))
+        for other in others:  # more than `keep`: the oldest is let go, its pidfd closed
+            assert times.get(other.pid) == process.start_time(other.pid)
+        assert list(times._known) == [o.pid for o in others]
+        assert len(os.listdir("/proc/self/fd")) == fds + 2
+        assert times.get(os.getpid()) == process.start_time(os.getpid())
+        assert list(times._known) == [others[1].pid, os.getpid()]
+        assert len(os.listdir("/proc/self/fd")) == fds + 2
+        times.close()
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        for other in [child, *others]:
+            other.kill()
+            other.wait()
+
+
+def test_a_zombie_is_not_remembered() -> None:
+    times = process.StartTimes()
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie now, not reaped
+    try:
+        assert times.get(child.pid) == process.start_time(child.pid)  # still in /proc
+        assert child.pid not in times._known  # but exited: a later pid may be another's
+    finally:
+        child.wait()

@@ -63,9 +63,10 @@ class LinuxHost:
     def __init__(self, mount: Path | None) -> None:
         self.mount = mount
         self.own_cgroup = cgroup.cgroup_of_pid(os.getpid())
+        self._start_times = process.StartTimes()
 
     def start_time(self, pid: int) -> int | None:
-        return process.start_time(pid)
+        return self._start_times.get(pid)
 
     def alive(self, pid: int, started: int | None) -> bool:
         return process.alive(pid, started)

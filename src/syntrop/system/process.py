@@ -7,6 +7,7 @@ still shows that start time.
 
 import asyncio
 import os
+import select
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +44,48 @@ def start_time(pid: int, *, proc: Path = Path("/proc")) -> int | None:
     fields = text.rsplit(")", 1)[1].split()
     # fields[0] is field 3 (state), so field 22 is fields[19].
     return int(fields[19])
+
+
+class StartTimes:
+    """`start_time` of the processes asked about again and again (a client
+    that leases per request), remembered with a pidfd of each: while the
+    pidfd is not readable the process has not exited, so its pid is still
+    its own and the start time read once still holds. One poll(2) instead
+    of open, read, close and a parse of /proc/PID/stat. The `keep` most
+    recently asked are remembered."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._known: dict[int, tuple[int, int, select.poll]] = {}
+
+    def get(self, pid: int) -> int | None:
+        known = self._known.pop(pid, None)
+        if known is not None:
+            if not known[2].poll(0):
+                self._known[pid] = known  # the most recently asked last
+                return known[1]
+            os.close(known[0])  # exited: perhaps another process has the pid now
+        fd = pidfd(pid)
+        if fd is None:
+            return None
+        # The pidfd first, then the start time, then the pidfd once more:
+        # a start time read while the pidfd's process still ran is its own.
+        started = start_time(pid)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if started is None or poller.poll(0):  # gone, or exited meanwhile
+            os.close(fd)
+            return None if started is None else start_time(pid)
+        self._known[pid] = (fd, started, poller)
+        while len(self._known) > self.keep:
+            oldest = next(iter(self._known))
+            os.close(self._known.pop(oldest)[0])
+        return started
+
+    def close(self) -> None:
+        for fd, _, _ in self._known.values():
+            os.close(fd)
+        self._known.clear()
 
 
 def parent(pid: int, *, proc: Path = Path("/proc")) -> int | None:
