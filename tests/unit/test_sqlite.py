@@ -57,6 +57,31 @@ def test_a_lone_caller_is_committed_at_once(tmp_path: Path, on_loop: bool) -> No
     db.close()
 
 
+def test_after_a_shared_commit_the_loop_waits_an_iteration_for_more(tmp_path: Path) -> None:
+    """commit_on_loop: once a commit held more than one caller's work (they
+    come concurrently), the next waits one more loop iteration, so that
+    work arriving in that iteration shares it; a lone caller's does not
+    wait (test_a_lone_caller_is_committed_at_once)."""
+    db = Database(tmp_path / "t.db", SCHEMA, commit_on_loop=True)
+
+    def insert(key: int) -> Callable[[sqlite3.Connection], object]:
+        return lambda c: c.execute("INSERT INTO t VALUES (?, 'x')", (key,))
+
+    async def scenario() -> int:
+        await asyncio.gather(db.batched(insert(1)), db.batched(insert(2)))  # one commit of two
+        before = db.commits
+        loop = asyncio.get_running_loop()
+        late: list[asyncio.Future[object]] = []
+        first = db.submit(insert(3))
+        loop.call_soon(lambda: late.append(db.submit(insert(4))))  # the next iteration's
+        await first
+        await late[0]
+        return db.commits - before
+
+    assert asyncio.run(scenario()) == 1
+    db.close()
+
+
 def test_loop_commits_are_checkpointed_by_the_worker(tmp_path: Path) -> None:
     """commit_on_loop turns automatic checkpoints off (their fsync would
     stall the loop); the worker copies the WAL into the database every

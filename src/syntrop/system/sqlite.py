@@ -13,7 +13,11 @@ COMMIT serves many callers; alone, a caller pays what `run` costs.
 
 With `commit_on_loop` the group commit runs on the event loop's thread
 instead, once per loop iteration: what every callback of one iteration
-submitted is one transaction. Small transactions (inferenced's leases: tens
+submitted is one transaction. Once a commit held more than one caller's
+work (callers come concurrently), the next waits one more iteration, so
+that the work of callers answered by the last commit, arriving then,
+shares it (inferenced's leases at 8 clients: 189 -> 160 µs of CPU a lease
+pair); a lone caller's work never waits. Small transactions (inferenced's leases: tens
 of microseconds to commit, no fsync in WAL mode) are then not paying the two
 thread wake-ups of a hand-off, which cost more than the commit. The fsync of
 a checkpoint would stall the loop, so automatic checkpoints are off and a
@@ -82,6 +86,7 @@ class Database:
         #: Transactions `batched` committed, and the work they held (a
         #: benchmark's view of how much grouping happened).
         self.commits = self.grouped = 0
+        self._last_group = 0
 
     @staticmethod
     def _open(path: Path, migrations: Sequence[str]) -> sqlite3.Connection:
@@ -138,7 +143,8 @@ class Database:
         self._queue.append((function, future))
         if self.commit_on_loop:
             if self._flush_handle is None:
-                self._flush_handle = loop.call_soon(self._flush_on_loop)
+                self._flush_handle = loop.call_soon(
+                    self._flush_next if self._last_group > 1 else self._flush_on_loop)
         elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         return future  # type: ignore[return-value]
@@ -159,6 +165,10 @@ class Database:
                 continue
             _resolve(batch, outcomes)
 
+    def _flush_next(self) -> None:
+        """The commit one iteration later (see the module)."""
+        self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_on_loop)
+
     def _flush_on_loop(self, wait: bool = False) -> None:
         self._flush_handle = None
         if not self._lock.acquire(blocking=wait):
@@ -168,6 +178,7 @@ class Database:
                 HELD_OFF_RETRY, self._flush_on_loop)
             return
         batch, self._queue = self._queue, []
+        self._last_group = len(batch)
         try:
             outcomes = self._group_locked([function for function, _ in batch])
         except Exception as error:  # the COMMIT failed: none of it holds
