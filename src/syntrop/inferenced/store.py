@@ -13,9 +13,9 @@ from pathlib import Path
 from syntrop.inferenced.arbiter import Lease
 from syntrop.system.sqlite import Database
 
-MIGRATIONS = (
-    """
-    CREATE TABLE leases (
+#: The leases table's columns as schema 1 made them (schema 2 added
+#: `exclusive`).
+_LEASE_COLUMNS = """
         id TEXT PRIMARY KEY,
         plane TEXT NOT NULL,
         memory INTEGER NOT NULL,
@@ -29,7 +29,11 @@ MIGRATIONS = (
         grp TEXT,
         role TEXT,
         stage_index INTEGER,
-        seq INTEGER NOT NULL
+        seq INTEGER NOT NULL"""
+
+MIGRATIONS = (
+    f"""
+    CREATE TABLE leases ({_LEASE_COLUMNS}
     );
     CREATE TABLE groups (
         id TEXT PRIMARY KEY,
@@ -53,22 +57,8 @@ MIGRATIONS = (
     # acquire or release instead of the rowid table and its id index, about
     # 3.5 µs of every lease change (docs/BENCHMARKS.md). Same columns, same
     # order: _UPSERT and load() read them by position.
-    """
-    CREATE TABLE leases_by_id (
-        id TEXT PRIMARY KEY,
-        plane TEXT NOT NULL,
-        memory INTEGER NOT NULL,
-        priority TEXT NOT NULL,
-        state TEXT NOT NULL,
-        owner_uid INTEGER NOT NULL,
-        pid INTEGER,
-        pid_start INTEGER,
-        unit TEXT,
-        cgroup TEXT,
-        grp TEXT,
-        role TEXT,
-        stage_index INTEGER,
-        seq INTEGER NOT NULL,
+    f"""
+    CREATE TABLE leases_by_id ({_LEASE_COLUMNS},
         exclusive INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID;
     INSERT INTO leases_by_id SELECT * FROM leases;
