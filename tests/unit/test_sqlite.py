@@ -120,11 +120,13 @@ def test_the_wal_starts_over_while_loop_commits_keep_coming(tmp_path: Path) -> N
                   commit_on_loop=True)
     wal = Path(f"{path}-wal")
 
+    def change(sql: str, *values: str) -> Callable[[sqlite3.Connection], object]:
+        return lambda c: c.execute(sql, values)
+
     async def client() -> None:
         for key in map(str, range(12 * CHECKPOINT_EVERY)):
-            await db.batched(lambda c, key=key: c.execute(
-                "INSERT INTO t VALUES (?, ?)", (key, "x" * 100)))
-            await db.batched(lambda c, key=key: c.execute("DELETE FROM t WHERE k = ?", (key,)))
+            await db.batched(change("INSERT INTO t VALUES (?, ?)", key, "x" * 100))
+            await db.batched(change("DELETE FROM t WHERE k = ?", key))
 
     async def run() -> int:
         largest = 0
