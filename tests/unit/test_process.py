@@ -3,6 +3,10 @@
 import asyncio
 import os
 import subprocess
+import threading
+from pathlib import Path
+
+import pytest
 
 from syntrop.system import process
 
@@ -40,7 +44,8 @@ def test_an_exit_is_seen_once_and_a_gone_process_is_not_watched() -> None:
     assert len(seen) == 1
 
 
-def test_start_times_are_remembered_while_the_process_runs_and_not_after() -> None:
+def test_start_times_are_remembered_while_the_process_runs_and_not_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     times = process.StartTimes(keep=2)
     child = subprocess.Popen(["sleep", "30"])
     others = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
@@ -48,8 +53,17 @@ def test_start_times_are_remembered_while_the_process_runs_and_not_after() -> No
         started = process.start_time(child.pid)
         assert started is not None
         assert times.get(child.pid) == started
-        assert times.get(child.pid) == started  # remembered: one poll, no /proc read
-        assert child.pid in times._known
+        read = process.start_time
+        reads: list[int] = []
+
+        def counted(pid: int, **kw: Path) -> int | None:
+            reads.append(pid)
+            return read(pid, **kw)
+
+        monkeypatch.setattr(process, "start_time", counted)
+        assert times.get(child.pid) == started  # remembered: a poll, no /proc read
+        assert reads == []
+        monkeypatch.setattr(process, "start_time", read)
         child.kill()
         child.wait()
         assert times.get(child.pid) is None  # exited and reaped: asked anew
@@ -79,3 +93,27 @@ def test_a_zombie_is_not_remembered() -> None:
         assert child.pid not in times._known  # but exited: a later pid may be another's
     finally:
         child.wait()
+
+
+def test_an_id_without_a_pidfd_is_asked_of_proc_each_time() -> None:
+    """A thread's id has a /proc entry but no pidfd (EINVAL): its start
+    time comes from /proc, as before, and is not remembered."""
+    times = process.StartTimes()
+    ready, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def thread() -> None:
+        tid.append(threading.get_native_id())
+        ready.set()
+        done.wait(10)
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    try:
+        ready.wait(10)
+        assert tid[0] != os.getpid()
+        assert times.get(tid[0]) == process.start_time(tid[0]) is not None
+        assert tid[0] not in times._known
+    finally:
+        done.set()
+        worker.join()

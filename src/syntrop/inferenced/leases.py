@@ -55,6 +55,9 @@ class Host(Protocol):
     def set_frozen(self, group: str, frozen: bool) -> None: ...
     def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Callable[[], None] | None: ...
 
+    def close(self) -> None:
+        """Let go of what it holds open (pidfds)."""
+
 
 class LinuxHost:
     """/proc, the cgroup v2 freezer and pidfds. Without a cgroup2 mount
@@ -90,6 +93,9 @@ class LinuxHost:
 
     def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Callable[[], None] | None:
         return process.watch_exit(pid, on_exit)
+
+    def close(self) -> None:
+        self._start_times.close()
 
 
 @dataclass(slots=True)
@@ -357,3 +363,4 @@ class Leases:
         for fd in self.buffers.values():
             os.close(fd)
         self.buffers.clear()
+        self.host.close()

@@ -65,9 +65,12 @@ class StartTimes:
                 self._known[pid] = known  # the most recently asked last
                 return known[1]
             os.close(known[0])  # exited: perhaps another process has the pid now
-        fd = pidfd(pid)
-        if fd is None:
-            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            # No such process, or no pidfd for it (a thread's id, a kernel
+            # or sandbox without pidfd_open): asked of /proc, not remembered.
+            return start_time(pid)
         # The pidfd first, then the start time, then the pidfd once more:
         # a start time read while the pidfd's process still ran is its own.
         started = start_time(pid)

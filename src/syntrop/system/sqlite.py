@@ -13,13 +13,15 @@ COMMIT serves many callers; alone, a caller pays what `run` costs.
 
 With `commit_on_loop` the group commit runs on the event loop's thread
 instead, once per loop iteration: what every callback of one iteration
-submitted is one transaction. Once a commit held more than one caller's
-work (callers come concurrently), the next waits one more iteration, so
-that the work of callers answered by the last commit, arriving then,
-shares it (inferenced's leases at 8 clients: 189 -> 160 µs of CPU a lease
-pair); a lone caller's work never waits. Small transactions (inferenced's leases: tens
-of microseconds to commit, no fsync in WAL mode) are then not paying the two
-thread wake-ups of a hand-off, which cost more than the commit. The fsync of
+submitted is one transaction. Small transactions (inferenced's leases:
+tens of microseconds to commit, no fsync in WAL mode) are then not paying
+the two thread wake-ups of a hand-off, which cost more than the commit.
+Once a commit held more than one caller's work (callers come
+concurrently), the next waits one more iteration, so that the work of
+callers answered by the last commit, arriving then, shares it
+(inferenced's leases at 8 clients: 189 -> 160 µs of CPU a lease pair).
+Work after a commit of one caller's work does not wait, so a lone caller
+waits once at most, right after others went away. The fsync of
 a checkpoint would stall the loop, so automatic checkpoints are off and a
 second connection on the worker thread checkpoints every CHECKPOINT_EVERY
 commits (PASSIVE: it never blocks a writer). A checkpoint that runs while
@@ -32,6 +34,8 @@ bench_inferenced's 8 lease clients) and each commit cost more.
 """
 
 import asyncio
+import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -40,6 +44,8 @@ from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 #: Loop-thread commits between two checkpoints (commit_on_loop).
 CHECKPOINT_EVERY = 256
@@ -61,6 +67,14 @@ def _resolve(batch: "Sequence[tuple[object, asyncio.Future[object]]]",
             future.set_result(value)
         else:
             future.set_exception(value)  # type: ignore[arg-type]
+
+
+def _log_checkpoint_failure(done: "Future[None]") -> None:
+    if done.cancelled():
+        return
+    error = done.exception()
+    if error is not None:
+        logger.warning("checkpoint of the WAL failed: %s", error)
 
 
 class Database:
@@ -172,8 +186,9 @@ class Database:
     def _flush_on_loop(self, wait: bool = False) -> None:
         self._flush_handle = None
         if not self._lock.acquire(blocking=wait):
-            # The checkpoint's last step (`_checkpoint`): a moment later,
-            # rather than the loop waiting on its fsync.
+            # The checkpoint's last step (`_checkpoint`), or a transaction of
+            # `run`/`sync` on the worker: a moment later, rather than the
+            # loop waiting on their fsync.
             self._flush_handle = asyncio.get_running_loop().call_later(
                 HELD_OFF_RETRY, self._flush_on_loop)
             return
@@ -192,6 +207,7 @@ class Database:
         if self.commits % CHECKPOINT_EVERY == 0 and (
                 self._checkpointing is None or self._checkpointing.done()):
             self._checkpointing = self._executor.submit(self._checkpoint)
+            self._checkpointing.add_done_callback(_log_checkpoint_failure)
 
     def _checkpoint(self) -> None:
         """Copy the WAL into the database (the worker thread, its own
@@ -258,6 +274,9 @@ class Database:
         if self._flush_handle is not None:  # what was submitted is committed first
             self._flush_handle.cancel()
             self._flush_on_loop(wait=True)
+        if self._checkpointing is not None:  # it may open the checkpointer yet
+            with contextlib.suppress(Exception):
+                self._checkpointing.result()
         if self._checkpointer is not None:
             checkpointer = self._checkpointer
             self._executor.submit(checkpointer.close).result()

@@ -60,6 +60,9 @@ class FakeHost:
         self.watching[pid] = on_exit
         return lambda: self.watching.pop(pid, None) and None
 
+    def close(self) -> None:
+        pass
+
 
 class Clock:
     def __init__(self) -> None:
