@@ -65,9 +65,8 @@ class StartTimes:
                 self._known[pid] = known  # the most recently asked last
                 return known[1]
             os.close(known[0])  # exited: perhaps another process has the pid now
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
+        fd = pidfd(pid)
+        if fd is None:
             # No such process, or no pidfd for it (a thread's id, a kernel
             # or sandbox without pidfd_open): asked of /proc, not remembered.
             return start_time(pid)
