@@ -4,7 +4,7 @@ functions included, read with ast.
 
 - no daemon package imports another daemon's package (they talk through
   the contracts in syntrop.interfaces and the bus);
-- no daemon package imports httpx (routerd's HTTP is h11 in a 32 MiB daemon;
+- no daemon package imports httpx (routerd's HTTP is its own, on httptools, in a 32 MiB daemon;
   pulls are the syn command's: syntrop.pull);
 - no daemon imports syn pull's client side (syntrop.pull) or the CLIs;
 - shared modules (interfaces, varlink, system, config, modelfile, prefix) import no
@@ -43,9 +43,9 @@ def top(module: str) -> str | None:
 
 def test_the_rules_see_imports() -> None:
     """The reader finds what is known to be there (else the rules below
-    would pass on nothing): routerd's h11, syn's lazy pull imports."""
+    would pass on nothing): routerd's httptools, syn's lazy pull imports."""
     seen = imports()
-    assert any(p == "routerd" and m == "h11" for p, m, _ in seen)
+    assert any(p == "routerd" and m == "httptools" for p, m, _ in seen)
     assert any(p == "cli" and m.startswith("syntrop.pull") for p, m, _ in seen)
 
 

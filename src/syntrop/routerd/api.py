@@ -12,7 +12,8 @@ from syntrop.routerd import scoring
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "invalid_request_error",
                405: "invalid_request_error", 408: "invalid_request_error",
-               413: "invalid_request_error", 502: "api_error", 503: "api_error",
+               413: "invalid_request_error", 431: "invalid_request_error",
+               502: "api_error", 503: "api_error",
                504: "api_error"}
 ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
              "/v1/embeddings": "embeddings"}

@@ -1,5 +1,5 @@
 """A small etcd v3 client over etcd's JSON gateway (/v3/...): what the
-fleet needs (leases, put, a prefix's range, watch), on routerd's own h11
+fleet needs (leases, put, a prefix's range, watch), on routerd's own HTTP
 client, so routerd carries no gRPC stack.
 
 Keys and values travel base64-encoded, 64-bit integers as strings (the

@@ -1,5 +1,5 @@
-"""HTTP/1.1 ingress (h11 on asyncio streams): TCP and Unix listeners,
-body cap, header and body timeouts."""
+"""HTTP/1.1 ingress (wire.py's framing on asyncio streams): TCP and Unix
+listeners, keep-alive and pipelining, body cap, header and body timeouts."""
 
 import asyncio
 import contextlib
@@ -8,12 +8,19 @@ import os
 import socket
 from typing import Any
 
-import h11
-
 from syntrop.routerd.api import Response, error, unauthorized
 from syntrop.routerd.config import Config, parse_address
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.queues import TRIAGE, USER
+from syntrop.routerd.wire import (
+    CONTINUE,
+    LAST_CHUNK,
+    BadMessage,
+    Request,
+    RequestReader,
+    chunk,
+    response_head,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +31,9 @@ TRAFFIC_HEADER = b"x-syntrop-traffic"
 #: served by this node's own providers, never forwarded again.
 FORWARDED_HEADER = b"x-syntrop-forwarded"
 MAX_HEADER_BYTES = 16384
-REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-           405: b"Method Not Allowed", 408: b"Request Timeout", 413: b"Content Too Large",
-           502: b"Bad Gateway",
-           503: b"Service Unavailable", 504: b"Gateway Timeout"}
 
 
-def _marks(request: h11.Request) -> tuple[str, bool]:
+def _marks(request: Request) -> tuple[str, bool]:
     """The request's traffic class (triage or user) and whether another
     node of the fleet forwarded it."""
     traffic, forwarded = USER, False
@@ -105,101 +108,89 @@ class HTTPServer:
                 await asyncio.wait_for(server.wait_closed(), 1)
         self.servers = []
 
-    async def _next(self, conn: h11.Connection, reader: asyncio.StreamReader) -> object:
-        while True:
-            event = conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
+    async def _read(self, reader: asyncio.StreamReader, parser: RequestReader,
+                    writer: asyncio.StreamWriter, whole: bool) -> bool:
+        """Read until the parser holds a whole request (`whole`) or the
+        current one's head; False when the client left first."""
+        while not (parser.ready or parser.closed or (parser.head_done and not whole)):
+            if whole and parser.expects_continue:
+                parser.expects_continue = False
+                writer.write(CONTINUE)
             data = await reader.read(READ_SIZE)
-            conn.receive_data(data)
+            if not data:
+                return False
+            parser.feed(data)
+        return True
 
-    async def _read_request(self, conn: h11.Connection, reader: asyncio.StreamReader
-                            ) -> tuple[h11.Request, bytes] | Response | None:
-        event: object = conn.next_event()  # pipelined: already here
-        if event is h11.NEED_DATA:
-            async with asyncio.timeout(self.config.header_timeout or None):
-                event = await self._next(conn, reader)
-        request = event
-        if not isinstance(request, h11.Request):
-            return None
-        cap = self.config.max_body_bytes
-        for name, value in request.headers:
-            if name == b"content-length" and int(value) > cap:
-                return error(413, f"the request body is over {cap} bytes", "request_too_large")
-        parts: list[bytes] = []
-        size = 0
-        event = conn.next_event()
-        if isinstance(event, h11.EndOfMessage):  # a body-less request, all here
-            return request, b""
-        if isinstance(event, h11.Data) and len(event.data) <= cap:
-            parts.append(bytes(event.data))
-            size = len(event.data)
-            event = conn.next_event()
-            if isinstance(event, h11.EndOfMessage):  # the usual case: one read held it all
-                return request, parts[0]
-        if event is not h11.NEED_DATA and not isinstance(event, h11.Data | h11.EndOfMessage):
-            return None
-        async with asyncio.timeout(self.config.body_timeout or None):
-            while True:
-                if event is h11.NEED_DATA:
-                    event = await self._next(conn, reader)
-                if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > cap:
-                        return error(413, f"the request body is over {cap} bytes",
-                                     "request_too_large")
-                    parts.append(bytes(event.data))
-                    event = conn.next_event()
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                else:
-                    return None
-        return request, b"".join(parts)
+    async def _read_request(self, parser: RequestReader, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> Request | None:
+        """The next request, once it is all here (it usually is at once:
+        pipelined, or one read held it); None when the client left."""
+        if not parser.ready and not parser.closed:
+            config = self.config
+            if not parser.head_done:
+                async with asyncio.timeout(config.header_timeout or None):
+                    if not await self._read(reader, parser, writer, False):
+                        return None
+            if not parser.ready and not parser.closed:
+                async with asyncio.timeout(config.body_timeout or None):
+                    if not await self._read(reader, parser, writer, True):
+                        return None
+        if parser.ready:
+            return parser.ready.popleft()
+        failure = parser.failure()
+        if failure is not None:
+            raise failure
+        return None  # upgraded, and every request it held served
 
-    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter,
-                    response: Response, close: bool) -> None:
+    async def _send(self, writer: asyncio.StreamWriter, response: Response, close: bool,
+                    request: Request | None = None) -> None:
+        """Write `response`: one write, or one per chunk of a stream (the
+        head goes with the first). A stream is chunked, except to an
+        HTTP/1.0 client: its end is the connection's."""
+        http_1_0 = request is not None and request.http_1_0
         headers = [(b"content-type", response.content_type.encode()),
                    (b"server", b"routerd"), *response.headers]
         if close:
             headers.append((b"connection", b"close"))
         if response.stream is None:
-            headers.append((b"content-length", str(len(response.body)).encode()))
+            headers.append((b"content-length", b"%d" % len(response.body)))
         else:
             headers.append((b"cache-control", b"no-cache"))
-        # One write per response, or per chunk (the head goes with the first).
-        out = conn.send(h11.Response(status_code=response.status, headers=headers,
-                                     reason=REASONS.get(response.status, b""))) or b""
+            if not http_1_0:
+                headers.append((b"transfer-encoding", b"chunked"))
+        out = response_head(response.status, headers)
         if response.stream is None:
-            writer.write(out + (conn.send(h11.Data(data=response.body)) or b"")
-                         + (conn.send(h11.EndOfMessage()) or b""))
+            writer.write(out if request is not None and request.method == b"HEAD"
+                         else out + response.body)
             await writer.drain()
             return
         stream = response.stream
         try:
-            async for chunk in stream:
-                writer.write(out + (conn.send(h11.Data(data=chunk)) or b""))
+            async for part in stream:
+                writer.write(out + (part if http_1_0 else chunk(part)))
                 out = b""
                 await writer.drain()
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-        writer.write(out + (conn.send(h11.EndOfMessage()) or b""))
+        writer.write(out + (b"" if http_1_0 else LAST_CHUNK))
         await writer.drain()
 
-    async def _refuse(self, conn: h11.Connection, reader: asyncio.StreamReader,
+    async def _refuse(self, parser: RequestReader, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         """Over `max_connections`: read the request head (closing unread
         input would reset the connection before the client sees why), answer
         503 and close. The body, if any, is not read."""
         self.refused += 1
-        with contextlib.suppress(TimeoutError, h11.RemoteProtocolError):
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.header_timeout or None):
-                event = await self._next(conn, reader)
-            if isinstance(event, h11.Request):
-                await self._send(conn, writer, error(
-                    503, f"over {self.config.max_connections} connections at once; retry",
-                    "server_overloaded"), True)
+                if not await self._read(reader, parser, writer, False) or parser.closed:
+                    return
+            await self._send(writer, error(
+                503, f"over {self.config.max_connections} connections at once; retry",
+                "server_overloaded"), True)
 
-    def _authorized(self, request: h11.Request, writer: asyncio.StreamWriter) -> bool:
+    def _authorized(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         """Whether a request may pass when API keys are configured: it bears
         one (Authorization: Bearer KEY, compared in constant time), asks for
         /health only, or came over mutual TLS (a LAN peer's certificate
@@ -219,62 +210,56 @@ class HTTPServer:
                            for key in self.config.api_keys) > 0
         return False
 
-    async def _next_request(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> tuple[h11.Request, bytes] | None:
-        """The next request and its body; None when the connection ends
-        (the client left, or was answered why and is closed)."""
+    async def _next_request(self, parser: RequestReader, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> Request | None:
+        """The next request; None when the connection ends (the client
+        left, or was answered why and is closed)."""
         try:
-            got = await self._read_request(conn, reader)
+            return await self._read_request(parser, reader, writer)
         except TimeoutError:
-            if conn.our_state is h11.SEND_RESPONSE or conn.their_state is h11.SEND_BODY:
-                await self._send(conn, writer, error(408, "request too slow"), True)
+            if parser.head_done:  # a head without its body: say why
+                await self._send(writer, error(408, "request too slow"), True)
             return None
-        except h11.RemoteProtocolError as bad:
-            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                await self._send(conn, writer, error(400, f"malformed HTTP: {bad}"), True)
+        except BadMessage as bad:
+            code = {413: "request_too_large", 431: "request_too_large"}.get(bad.status)
+            await self._send(writer, error(bad.status, str(bad), code), True)
             return None
-        except ValueError:
-            await self._send(conn, writer, error(400, "malformed HTTP"), True)
-            return None
-        if isinstance(got, Response):
-            await self._send(conn, writer, got, True)
-            return None
-        return got
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.active = True
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        parser = RequestReader(MAX_HEADER_BYTES, self.config.max_body_bytes)
         try:
             if self.connections > self.config.max_connections:
-                await self._refuse(conn, reader, writer)
+                await self._refuse(parser, reader, writer)
                 return
             while True:
-                got = await self._next_request(conn, reader, writer)
-                if got is None:
+                request = await self._next_request(parser, reader, writer)
+                if request is None:
                     break
-                request, body = got
+                # HTTP/1.0 is answered once: its keep-alive is not worth having.
+                close = not request.keep_alive or parser.closed or request.http_1_0
                 traffic, forwarded = _marks(request)
                 if self.config.api_keys and not self._authorized(request, writer):
-                    await self._send(conn, writer, unauthorized(), False)
-                    conn.start_next_cycle()
+                    await self._send(writer, unauthorized(), close, request)
+                    if close:
+                        break
                     continue
                 try:
                     response = await self.gateway.handle(
-                        request.method.decode(), request.target.decode("latin-1"), body,
-                        traffic, forwarded)
+                        request.method.decode("latin-1"), request.target.decode("latin-1"),
+                        request.body, traffic, forwarded)
                 except Exception:  # never let a request take the daemon down
                     logger.exception("request failed")
                     response = error(502, "internal error")
                 try:
-                    await self._send(conn, writer, response, False)
+                    await self._send(writer, response, close, request)
                 finally:
                     if response.closer is not None:  # a stream never started too
                         await response.closer()
-                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                if close:
                     break
-                conn.start_next_cycle()
-        except (OSError, h11.LocalProtocolError, h11.RemoteProtocolError):
+        except (OSError, ValueError):
             pass
         except asyncio.CancelledError:
             # Shutting down: end quietly (a cancelled connection task makes

@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP upstream (vLLM, llama-server, ollama, remote
-APIs) through a small h11 client on asyncio streams: keep-alive connections
-reused (up to the provider's `idle_connections` kept idle), server-sent events relayed chunk by
-chunk."""
+APIs) through a small client on asyncio streams (wire.py's framing):
+keep-alive connections reused (up to the provider's `idle_connections` kept
+idle), server-sent events relayed chunk by chunk."""
 
 import asyncio
 import json
@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
-
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers.base import ProviderError
 from syntrop.routerd.sse import SSEParser
+from syntrop.routerd.wire import ResponseReader, request_head
 
 #: The most of an upstream's non-streamed answer routerd holds.
 MAX_RESPONSE_BYTES = 16 << 20
@@ -22,42 +21,48 @@ _Pair = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class _Exchange:
-    """One request and its response on a fresh connection."""
+    """One request and its response on a connection (fresh or kept alive)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  timeout: float, idle: list[_Pair], max_idle: int) -> None:
         self.reader, self.writer, self.timeout = reader, writer, timeout
-        self.conn = h11.Connection(h11.CLIENT)
+        self.response = ResponseReader()
         self.status = 0
         self.idle, self.max_idle = idle, max_idle
 
-    async def event(self) -> Any:
-        while True:
-            try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError as error:
-                raise ProviderError(502, f"upstream sent a malformed response: {error}") from None
-            if event is not h11.NEED_DATA:
-                return event
-            try:
-                # asyncio.timeout, not wait_for: no task per read.
-                async with asyncio.timeout(self.timeout):
-                    data = await self.reader.read(READ_SIZE)
-            except TimeoutError:
-                raise ProviderError(504, "upstream did not answer in time") from None
-            except OSError as error:
-                raise ProviderError(502, f"upstream connection failed: {error}") from None
-            self.conn.receive_data(data)
+    async def _fill(self) -> None:
+        """One read from the upstream into the response."""
+        try:
+            # asyncio.timeout, not wait_for: no task per read.
+            async with asyncio.timeout(self.timeout):
+                data = await self.reader.read(READ_SIZE)
+        except TimeoutError:
+            raise ProviderError(504, "upstream did not answer in time") from None
+        except OSError as error:
+            raise ProviderError(502, f"upstream connection failed: {error}") from None
+        if not data and not self.response.done:
+            if not self.response.head_done:
+                raise ProviderError(502, "upstream closed the connection without answering")
+            if self.response.framed:
+                raise ProviderError(502, "upstream closed the connection mid-response")
+        try:
+            self.response.feed(data)
+        except ValueError as error:
+            raise ProviderError(502, f"upstream sent a malformed response: {error}") from None
+
+    async def head(self) -> None:
+        while not self.response.head_done:
+            await self._fill()
+        self.status = self.response.status
 
     async def body(self) -> AsyncIterator[bytes]:
+        response = self.response
         while True:
-            event = await self.event()
-            if isinstance(event, h11.Data):
-                yield bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+            if response.parts:
+                yield response.take()
+            if response.done:
                 return
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ProviderError(502, "upstream closed the connection mid-response")
+            await self._fill()
 
     async def read_all(self) -> bytes:
         parts: list[bytes] = []
@@ -67,12 +72,12 @@ class _Exchange:
             if size > MAX_RESPONSE_BYTES:
                 raise ProviderError(502, "upstream response too large")
             parts.append(part)
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
-        """Back to the idle pool when the exchange ended cleanly and both
-        sides keep the connection; closed otherwise."""
-        if (self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+        """Back to the idle pool when the response was read to its end and
+        both sides keep the connection; closed otherwise."""
+        if (self.response.done and self.response.reusable
                 and len(self.idle) < self.max_idle and not self.writer.is_closing()):
             self.idle.append((self.reader, self.writer))
         else:
@@ -144,24 +149,16 @@ class OpenAIProvider:
             headers.append((b"authorization", b"Bearer " + self.config.api_key.encode()))
         if body is not None:
             headers += [(b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode())]
-        conn = exchange.conn
+                        (b"content-length", b"%d" % len(body))]
         target = path if root else self.base + path
-        out = conn.send(h11.Request(method=method, target=target.encode(),
-                                    headers=headers)) or b""
+        out = request_head(method.encode(), target.encode(), headers)
         if body:
-            out += conn.send(h11.Data(data=body)) or b""
-        out += conn.send(h11.EndOfMessage()) or b""
+            out += body
         try:
             writer.write(out)
             await writer.drain()
-            while True:
-                event = await exchange.event()
-                if isinstance(event, h11.Response):
-                    exchange.status = event.status_code
-                    return exchange
-                if isinstance(event, h11.ConnectionClosed):
-                    raise ProviderError(502, "upstream closed the connection without answering")
+            await exchange.head()
+            return exchange
         except OSError as error:
             writer.close()
             raise ProviderError(502, f"upstream connection failed: {error}") from None
