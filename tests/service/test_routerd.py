@@ -355,6 +355,46 @@ def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> Non
     assert router.request("GET", "/health")[0] == 200
 
 
+def _exchange(port: int, data: bytes, expect: bytes = b"") -> bytes:
+    """Send `data`, read until the server closes (or `expect` arrived)."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        while not (expect and expect in got):
+            part = sock.recv(65536)
+            if not part:
+                break
+            got += part
+    return got
+
+
+def test_http_framing_at_the_edges(router: Router) -> None:
+    """Pipelined requests answered in order on one connection; a head over
+    16 KiB is a 431; Expect: 100-continue is answered before the body is
+    sent; an HTTP/1.0 client's stream ends with the connection (no chunks)."""
+    chat = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}]}'
+    post = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+            b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(chat), chat))
+    got = _exchange(router.port, post + b"GET /health HTTP/1.1\r\nhost: x\r\n"
+                    b"connection: close\r\n\r\n")
+    assert got.count(b"HTTP/1.1 200 OK\r\n") == 2, got
+    assert got.index(b'"choices"') < got.index(b'"status": "ok"')
+    long = _exchange(router.port, b"GET /health HTTP/1.1\r\nx-long: " + b"a" * 20000)
+    assert long.startswith(b"HTTP/1.1 431 "), long[:80]
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(post.replace(b"\r\n\r\n", b"\r\nexpect: 100-continue\r\n\r\n")
+                     [:-len(chat)])
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(chat)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
+    stream = chat.replace(b'"m1",', b'"s", "stream": true,')
+    old = _exchange(router.port, b"POST /v1/chat/completions HTTP/1.0\r\ncontent-length: "
+                    b"%d\r\n\r\n%s" % (len(stream), stream))
+    head, _, body = old.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding" not in head.lower()
+    assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n"), body
+
+
 def test_openai_fields_pass_through_to_a_remote_provider_unchanged(router: Router) -> None:
     """tools, tool_choice, logprobs, n, response_format: runtimed's mapping
     is not applied to an OpenAI-style upstream, which gets them as sent."""

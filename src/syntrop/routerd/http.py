@@ -137,7 +137,7 @@ class HTTPServer:
                     if not await self._read(reader, parser, writer, True):
                         return None
         if parser.ready:
-            return parser.ready.popleft()
+            return parser.ready.pop(0)
         failure = parser.failure()
         if failure is not None:
             raise failure
@@ -267,4 +267,5 @@ class HTTPServer:
             pass
         finally:
             self.connections -= 1
+            parser.close()
             writer.close()

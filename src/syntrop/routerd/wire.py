@@ -11,7 +11,6 @@ Header names come out lowercased; values as sent. Everything routerd writes
 is checked for CR and LF, so no value can split a head.
 """
 
-from collections import deque
 from collections.abc import Sequence
 
 import httptools
@@ -59,11 +58,17 @@ class RequestReader:
     A head over `max_head` bytes is a 431, a body over `max_body` a 413
     (known from Content-Length before any of it is read), malformed HTTP a
     400; the error is raised by `failure()` once the requests before it
-    have been taken."""
+    have been taken. `close()` when the connection ends: the parser and
+    this reader refer to each other, and would wait for the cyclic GC."""
+
+    __slots__ = ("_body", "_failure", "_head_bytes", "_headers", "_parser", "_size",
+                 "_upgraded", "_url", "expects_continue", "head_done", "in_message",
+                 "max_body", "max_head", "ready")
 
     def __init__(self, max_head: int, max_body: int) -> None:
         self.max_head, self.max_body = max_head, max_body
-        self.ready: deque[Request] = deque()
+        #: Whole requests, oldest first (more than one when pipelined).
+        self.ready: list[Request] = []
         #: A message has begun and is not complete.
         self.in_message = False
         #: Its head is complete (its body is being read).
@@ -77,7 +82,11 @@ class RequestReader:
         self._headers: Headers = []
         self._body: list[bytes] = []
         self._size = 0
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+
+    def close(self) -> None:
+        self._parser = None
+        self._upgraded = True  # nothing more is read
 
     @property
     def closed(self) -> bool:
@@ -86,7 +95,7 @@ class RequestReader:
         return self._failure is not None or self._upgraded
 
     def feed(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._parser is None:
             return
         if not self.head_done:
             self._head_bytes += len(data)
@@ -134,6 +143,7 @@ class RequestReader:
 
     def on_message_complete(self) -> None:
         parser = self._parser
+        assert parser is not None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self.ready.append(Request(
             parser.get_method(), b"".join(self._url), self._headers, body,
@@ -146,7 +156,11 @@ class ResponseReader:
     """An upstream's response to one request: status and headers once
     `head_done`, body parts in `parts` as they come, `done` at its end.
     `feed(b"")` says the connection ended (the end of a body framed by
-    the connection's close, else an error)."""
+    the connection's close, else an error). The parser is let go at the
+    end: it and this reader refer to each other."""
+
+    __slots__ = ("_head_bytes", "_informational", "_parser", "done", "framed", "head_done",
+                 "headers", "max_head", "parts", "reusable", "status")
 
     def __init__(self, max_head: int = 65536) -> None:
         self.max_head = max_head
@@ -162,16 +176,17 @@ class ResponseReader:
         #: connection's close.
         self.framed = False
         self._head_bytes = 0
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
 
     def feed(self, data: bytes) -> None:
         """Raises ValueError for a malformed or cut-short response."""
-        if self.done:
+        if self.done or self._parser is None:
             self.reusable = False  # bytes nobody asked for: not reusable
             return
         if not data:
             if self.head_done and not self.framed:
                 self.done = True  # its body ran to the connection's end
+                self._parser = None
                 return
             raise ValueError("the connection closed " + (
                 "mid-response" if self.head_done else "without an answer"))
@@ -179,15 +194,16 @@ class ResponseReader:
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as error:
-            if not self.done:
-                raise ValueError(str(error.__context__)) from None
-            self.reusable = False
         except httptools.HttpParserError as error:
             if not self.done:
-                raise ValueError(str(error) or type(error).__name__) from None
+                self._parser = None
+                raise ValueError(str(error.__context__ if isinstance(
+                    error, httptools.HttpParserCallbackError) else error)
+                    or type(error).__name__) from None
             self.reusable = False  # garbage after the response
-        if not self.head_done and self._head_bytes > self.max_head:
+        if self.done:
+            self._parser = None
+        elif not self.head_done and self._head_bytes > self.max_head:
             raise ValueError(f"a response head over {self.max_head} bytes")
 
     def on_message_begin(self) -> None:
@@ -198,6 +214,7 @@ class ResponseReader:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None
         status = self._parser.get_status_code()
         if 100 <= status < 200:  # "100 Continue" and the like: the answer follows
             self._informational = True
@@ -214,6 +231,7 @@ class ResponseReader:
         if self._informational:
             self._informational = False
             return
+        assert self._parser is not None
         self.done = True
         self.reusable = self._parser.should_keep_alive()
 
