@@ -2,21 +2,27 @@
 a JSON schema, and the strict reading of the answer.
 
 The model sees what the rules see: the unit, the findings one line each
-(times relative to the failure, unlinked changes marked so), the cause the
-rules named, and the plans it may choose from (findings.candidates: the
-rules' plan, the plans of the other linked findings, nothing). Each
-plan is written out as the tool calls it makes, with toold's declared
-parameters. The answer must be exactly one JSON object {"plan": [steps]}
-equal to one of the offered plans: anything else is rejected and the rules'
-plan stands. `answer_schema()` is that contract as a JSON schema, for a
-decoding constraint, so a constrained answer always parses.
+(times relative to the failure, unlinked changes marked so), the journal's
+own lines, the cause the rules named, and the plans it may choose from
+(findings.candidates: the rules' plan, the plans of the other linked
+findings, nothing). Each plan is offered by a name that says what it does
+(revert_dropin, clear_cache, reload, restart, nothing) with the path it
+acts on, and the answer is one JSON object {"plan": NAME} naming one of
+them: anything else is rejected and the rules' plan stands.
+`answer_schema()` is that contract as a JSON schema, for a decoding
+constraint, so a constrained answer always parses.
 
-Design note: a small model (SmolLM2-135M) follows a format it has just seen
-far better than one described in words, and copies the nearest example: so
-the prompt is a fixed system line, worked examples as earlier chat turns,
-the one closest to this offer last (the same for the same kind of offer,
-so the engine reuses their evaluation from one triage to the next), then
-the failure, all in the compact JSON the constrained answer is written in.
+Design note: asked for the first, second or third of a numbered list,
+small models (SmolLM2-135M, Qwen2.5-Coder-0.5B and -1.5B) chose by
+position, not by content (bench/bench_triage.py). So the plans are listed
+by name in one fixed order, whatever the order of the offer (the prompt
+is the same for every order: the answer cannot depend on it), and the
+worked examples cover every kind of plan, including the judgment the rules
+cannot make (a drop-in and a cache both linked, the journal naming one; a
+program missing because a drop-in points at it, or because it was
+removed). The system line and the examples are `prefix_messages()`, the
+same on every call (a warm session evaluates them once); the failure is
+`suffix_messages()`.
 """
 
 import json
@@ -26,8 +32,9 @@ from typing import Any
 
 from syntrop.sentry.findings import Plan
 
-#: Decoding: greedy and short. A two-step plan is about 45 tokens.
-MAX_TOKENS = 96
+#: Decoding: greedy and short. The longest answer, {"plan":"revert_dropin"},
+#: is about 10 tokens.
+MAX_TOKENS = 16
 TEMPERATURE = 0.0
 SEED = 7
 #: Lines of findings and of journal given to the model.
@@ -41,52 +48,27 @@ SYSTEMD_LINES = re.compile(
     r"\b(Starting|Started|Stopping|Stopped|Deactivated successfully|Consumed|Main process "
     r"exited|Failed with result|Failed to start|Scheduled restart job|Start request repeated)\b")
 
-SYSTEM = ("You are systemd-sentry. A systemd unit failed. Choose one of the offered plans "
-          'and answer with one JSON object: {"plan": [STEP, ...]}, each STEP '
-          '{"tool": NAME, "parameters": {...}}; the empty plan does nothing.')
-def _compact(value: Any) -> str:
-    """JSON as the constrained decoder writes it (no spaces): the examples,
-    the offered plans and the answer all look alike, which a small model
-    copies best."""
-    return json.dumps(value, separators=(",", ":"))
+#: A plan's name by its tools; listed in this order.
+NAMES: dict[tuple[str, ...], str] = {
+    ("revert_dropin",): "revert_dropin",
+    ("clear_cache", "unit_restart"): "clear_cache",
+    ("daemon_reload", "unit_restart"): "reload",
+    ("unit_restart",): "restart",
+    (): "nothing",
+}
 
+SYSTEM = ("You are systemd-sentry. A systemd unit failed. Read its findings and journal and "
+          "choose the offered plan that fixes what they point at:\n"
+          "revert_dropin: a drop-in changed before the failing start broke it (the journal "
+          "names the drop-in or its setting, or the program it points at is missing);\n"
+          "clear_cache: the journal names a corrupt file in the unit's cache;\n"
+          "reload: systemd runs an old definition;\n"
+          "restart: nothing the tools can undo explains it;\n"
+          "nothing: a human must (the program was removed, it keeps failing, a dependency "
+          "failed).\n"
+          'Answer with one JSON object: {"plan": NAME}.')
 
-def _example(unit: str, findings: str, cause: str, plans: list[list[dict[str, Any]]],
-             answer: int) -> tuple[str, str]:
-    listed = "\n".join(f"{n}. {_compact(plan)}" for n, plan in enumerate(plans, 1))
-    return (f"unit: {unit}\nfindings: {findings}\ncause: {cause}\nplans:\n{listed}",
-            _compact({"plan": plans[answer]}))
-
-
-def _restart(unit: str) -> list[dict[str, Any]]:
-    return [{"tool": "unit_restart", "parameters": {"unit": unit}}]
-
-
-EXAMPLES: tuple[tuple[str, str], ...] = (
-    _example("web.service",
-             "main process exited with status 1; drop-in /etc/systemd/system/web.service.d/"
-             "override.conf changed 4 s before the failure",
-             "drop-in /etc/systemd/system/web.service.d/override.conf changed 4 s before the "
-             "failure",
-             [[{"tool": "revert_dropin", "parameters": {"unit": "web.service",
-                                                        "scope": "persistent"}}], []], 0),
-    _example("api.service",
-             "systemd runs an old definition (the unit file changed on disk); program "
-             "/usr/bin/api-old is missing",
-             "systemd runs an old definition (the unit file changed on disk)",
-             [[{"tool": "daemon_reload", "parameters": {}}, *_restart("api.service")], []], 0),
-    _example("db.service",
-             "main process exited with status 1; drop-in /etc/systemd/system/db.service.d/"
-             "10-log.conf changed 900 s before the failure (not linked to it)",
-             "no change explains it (main process exited with status 1)",
-             [_restart("db.service"), []], 0),
-    _example("cache.service",
-             "the journal names the cache /var/cache/cache-web; main process exited with "
-             "status 1",
-             "the journal names the cache /var/cache/cache-web",
-             [[{"tool": "clear_cache", "parameters": {"unit": "cache.service"}},
-               *_restart("cache.service")], []], 0),
-)
+_SUBJECT = re.compile(r"\((/[^()\s]+)\)")
 
 
 class AnswerError(ValueError):
@@ -114,74 +96,166 @@ def tool_names(tools: list[Any]) -> list[str]:
     return [str(_get(tool, "name")) for tool in tools]
 
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def plan_text(plan: Plan) -> str:
     return _compact(plan.wire())
 
 
-def _closeness(example: tuple[str, str], offered: list[Plan]) -> tuple[bool, bool]:
-    """How much an example looks like this offer: the same first plan's
-    tools, the same number of plans. A model this small copies the nearest
-    example, so the closest comes last."""
-    question, _ = example
-    listed = question.split("plans:\n", 1)[1].splitlines()
-    first = [step["tool"] for step in json.loads(listed[0].split(". ", 1)[1])]
-    return first == [step.tool for step in offered[0].steps], len(listed) == len(offered)
+def _base_name(plan: Plan) -> str:
+    tools = tuple(step.tool for step in plan.steps)
+    return NAMES.get(tools, "+".join(tools))
 
 
-def messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
-    """(role, content) pairs: system, the worked examples (the closest to
-    this offer last), the failure."""
+def named(offered: list[Plan]) -> list[tuple[str, Plan]]:
+    """The offered plans by name, in the fixed order of NAMES (then by
+    name): the same list whatever the order of the offer. Two plans of the
+    same tools (not offered by findings.candidates) get a number."""
+    order = list(NAMES.values())
+    listed = sorted(offered, key=lambda p: (order.index(_base_name(p))
+                                            if _base_name(p) in order else len(order),
+                                            _base_name(p), plan_text(p)))
+    out: list[tuple[str, Plan]] = []
+    for plan in listed:
+        name = _base_name(plan)
+        taken = sum(1 for other, _ in out if other == name or other.startswith(name + "_"))
+        out.append((f"{name}_{taken + 1}" if taken else name, plan))
+    return out
+
+
+def _line(name: str, plan: Plan) -> str:
+    subject = _SUBJECT.search(plan.reason)
+    return f"{name}" + (f" ({subject.group(1)})" if subject else "")
+
+
+def _question(unit: str, findings: list[str], journal: list[str], cause: str,
+              names: list[str]) -> str:
+    lines = "; ".join(findings[:MAX_FINDINGS]) or "nothing changed before the failure"
+    own = [line[:160] for line in journal if not SYSTEMD_LINES.search(line)][-MAX_JOURNAL:]
+    return (f"unit: {unit}\nfindings: {lines}\njournal: {' | '.join(own) or '-'}\n"
+            f"cause (the rules): {cause}\nplans: {', '.join(names)}")
+
+
+def _example(unit: str, findings: list[str], journal: list[str], cause: str,
+             plans: list[str], answer: str) -> tuple[str, str]:
+    return _question(unit, findings, journal, cause, plans), _compact({"plan": answer})
+
+
+EXAMPLES: tuple[tuple[str, str], ...] = (
+    _example("web.service", ["main process exited with status 1",
+                             "drop-in /etc/systemd/system/web.service.d/50-opts.conf changed "
+                             "8 s before the failure"],
+             ["web: unrecognized option --workers=x"],
+             "drop-in /etc/systemd/system/web.service.d/50-opts.conf changed 8 s before the "
+             "failure",
+             ["revert_dropin (/etc/systemd/system/web.service.d/50-opts.conf)", "nothing"],
+             "revert_dropin"),
+    _example("api.service", ["main process exited with status 203",
+                             "program /usr/local/bin/api-old is missing",
+                             "systemd runs an old definition (the unit file changed on disk)"],
+             [], "systemd runs an old definition (the unit file changed on disk)",
+             ["reload", "nothing"], "reload"),
+    _example("db.service", ["main process exited with status 1",
+                            "the journal names the cache /var/cache/db"],
+             ["db: bad checksum in /var/cache/db/pages.bin"],
+             "the journal names the cache /var/cache/db",
+             ["clear_cache (/var/cache/db)", "nothing"], "clear_cache"),
+    _example("chat.service", ["main process killed by signal 11",
+                              "drop-in /etc/systemd/system/chat.service.d/10-nice.conf changed "
+                              "1200 s before the failure (not linked to it)"],
+             ["chat: segfault at 0000000000000008"],
+             "no change explains it (main process killed by signal 11)",
+             ["restart", "nothing"], "restart"),
+    _example("lb.service", ["main process exited with status 1",
+                            "config /etc/lb/lb.conf edited 2 s before the failure"],
+             ["lb: syntax error in /etc/lb/lb.conf line 9"],
+             "config /etc/lb/lb.conf edited 2 s before the failure",
+             ["restart", "nothing"], "restart"),
+    _example("wiki.service", ["main process exited with status 1",
+                              "drop-in /etc/systemd/system/wiki.service.d/override.conf changed "
+                              "9 s before the failure",
+                              "the journal names the cache /var/cache/wiki"],
+             ["wiki: corrupt page cache /var/cache/wiki/pages.db"],
+             "drop-in /etc/systemd/system/wiki.service.d/override.conf changed 9 s before the "
+             "failure",
+             ["revert_dropin (/etc/systemd/system/wiki.service.d/override.conf)",
+              "clear_cache (/var/cache/wiki)", "nothing"], "clear_cache"),
+    _example("shop.service", ["main process exited with status 1",
+                              "drop-in /etc/systemd/system/shop.service.d/50-cache.conf changed "
+                              "9 s before the failure",
+                              "the journal names the cache /var/cache/shop"],
+             ["shop: invalid CacheSize=lots set in "
+              "/etc/systemd/system/shop.service.d/50-cache.conf", "shop: cache /var/cache/shop"],
+             "drop-in /etc/systemd/system/shop.service.d/50-cache.conf changed 9 s before the "
+             "failure",
+             ["revert_dropin (/etc/systemd/system/shop.service.d/50-cache.conf)",
+              "clear_cache (/var/cache/shop)", "nothing"], "revert_dropin"),
+    _example("auth.service", ["main process exited with status 203",
+                              "program /usr/local/bin/auth-v3 is missing",
+                              "drop-in /etc/systemd/system/auth.service.d/50-auth-v3.conf changed "
+                              "7 s before the failure"],
+             ["auth.service: Failed to locate executable /usr/local/bin/auth-v3: No such file "
+              "or directory"],
+             "program /usr/local/bin/auth-v3 is missing",
+             ["revert_dropin (/etc/systemd/system/auth.service.d/50-auth-v3.conf)", "nothing"],
+             "revert_dropin"),
+    _example("ftp.service", ["main process exited with status 203",
+                             "program /usr/sbin/ftpd is missing",
+                             "drop-in /etc/systemd/system/ftp.service.d/10-umask.conf changed "
+                             "7 s before the failure"],
+             ["dpkg: removing ftpd (1.4) ...",
+              "ftp.service: Failed to locate executable /usr/sbin/ftpd: No such file or "
+              "directory"],
+             "program /usr/sbin/ftpd is missing",
+             ["revert_dropin (/etc/systemd/system/ftp.service.d/10-umask.conf)", "nothing"],
+             "nothing"),
+    _example("app.service", ["dependency net.service failed"], [],
+             "dependency net.service failed", ["nothing"], "nothing"),
+)
+
+
+def prefix_messages() -> list[tuple[str, str]]:
+    """The stable part of the prompt: the system line and the worked
+    examples, identical on every call (a warm session evaluates it once)."""
     chat: list[tuple[str, str]] = [("system", SYSTEM)]
-    for question, answer in sorted(EXAMPLES, key=lambda e: _closeness(e, offered)):
+    for question, answer in EXAMPLES:
         chat += [("user", question), ("assistant", answer)]
-    findings = evidence.findings[:MAX_FINDINGS] or ["nothing changed before the failure"]
-    own = [line for line in evidence.journal if not SYSTEMD_LINES.search(line)]
-    findings += [f"journal: {line[:160]}" for line in own[-MAX_JOURNAL:]]
-    plans = "\n".join(f"{n}. {plan_text(plan)}" for n, plan in enumerate(offered, 1))
-    chat.append(("user", f"unit: {evidence.unit}\nfindings: {'; '.join(findings)}\n"
-                         f"cause: {evidence.cause}\nplans:\n{plans}"))
     return chat
 
 
-def _const(value: Any) -> dict[str, Any]:
-    """A schema that accepts exactly `value` (an object of strings, or one)."""
-    if isinstance(value, dict):
-        return {"type": "object", "additionalProperties": False, "required": sorted(value),
-                "properties": {k: _const(v) for k, v in value.items()}}
-    return {"const": value}
+def suffix_messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
+    """The incident's own turn: the unit, its findings and journal lines,
+    the rules' cause and the offered plans by name, in a fixed order."""
+    names = [_line(name, plan) for name, plan in named(offered)]
+    return [("user", _question(evidence.unit, evidence.findings, evidence.journal,
+                               evidence.cause, names))]
+
+
+def messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
+    """(role, content) pairs: the stable prefix, then the incident."""
+    return prefix_messages() + suffix_messages(evidence, offered)
 
 
 def answer_schema(offered: list[Plan]) -> dict[str, Any]:
-    """The accepted answers as a JSON schema: one branch per offered plan,
-    each its steps in order, exactly (anyOf: llguidance does not take
-    oneOf, and the branches cannot overlap anyway)."""
-    branches = []
-    for plan in offered:
-        steps = [{"type": "object", "additionalProperties": False,
-                  "required": ["tool", "parameters"],
-                  "properties": {"tool": {"const": step.tool},
-                                 "parameters": _const(dict(step.parameters))}}
-                 for step in plan.steps]
-        array: dict[str, Any] = {"type": "array", "minItems": len(steps),
-                                 "maxItems": len(steps), "items": False}
-        if steps:
-            array["prefixItems"] = steps
-        branches.append({"type": "object", "additionalProperties": False,
-                         "required": ["plan"], "properties": {"plan": array}})
-    return {"anyOf": branches}
+    """The accepted answers as a JSON schema: {"plan": NAME}, NAME one of
+    the offered plans' names."""
+    return {"type": "object", "additionalProperties": False, "required": ["plan"],
+            "properties": {"plan": {"enum": [name for name, _ in named(offered)]}}}
 
 
 def parse(text: str, offered: list[Plan]) -> Plan:
     """The offered plan the answer names. Strict: one JSON object with only
-    "plan", equal to an offered plan step for step."""
+    "plan", the name of an offered plan."""
     try:
         value: Any = json.loads(text.strip())
     except ValueError:
         raise AnswerError("not one JSON object") from None
     if not isinstance(value, dict) or set(value) != {"plan"}:
         raise AnswerError('not an object with exactly "plan"')
-    for plan in offered:
-        if value["plan"] == plan.wire():
+    for name, plan in named(offered):
+        if value["plan"] == name:
             return plan
     raise AnswerError("not one of the offered plans")
 
