@@ -59,7 +59,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def sentry(root: Path, decide_ms: int) -> Any:
     (root / "config" / "sentry.toml").write_text(
-        f"[budgets]\ndecide = {decide_ms}\n[breaker]\ncap = 100\nbase_sec = 0\n")
+        f"[budgets]\ndecide = {decide_ms}\ndecide_ready = 120000\n[breaker]\ncap = 100\n"
+        "base_sec = 0\n")
     return activated("systemd-sentry", root,
                      extra_env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={root}/no-bus"})
 
@@ -87,7 +88,7 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
         # The incident carries the raw answer, what was offered and the timings.
         assert "answer '{\"plan\":" in decide["detail"], decide
         assert "offered unit_restart | nothing" in decide["detail"], decide
-        assert " tokens; Chat " in decide["detail"], decide
+        assert " tokens; session (" in decide["detail"], decide  # the warm session's
         # Warm, a second decision of the same failure (its breaker reset, or
         # the second failure would be a crash loop left to a human): the
         # same plan (greedy, seeded), timed.

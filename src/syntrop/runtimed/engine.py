@@ -21,7 +21,6 @@ context, so the session continues warm.
 """
 
 import codecs
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -207,10 +206,10 @@ class Engine:
         tokenizes and renders chats, and cannot decode."""
         from llama_cpp import Llama
 
-        from syntrop.runtimed.cpu import ready
+        from syntrop.runtimed.cpu import ready, threads_now
 
         ready()
-        threads = options.n_threads or (os.cpu_count() or 1)
+        threads = options.n_threads or threads_now()
         try:
             llama = Llama(
                 model_path=f"/proc/self/fd/{fd}",

@@ -315,8 +315,12 @@ class Residency:
         choice = await self._engine()
         cell = self._cells.pop(0)
         Board.clear(self._board, cell)
+        from syntrop.runtimed.cpu import threads_now
+
+        # Threads by the CPU free now (cpu.free_threads), at most n_threads.
+        free = threads_now()
         settings = {"layout": self.config.layout, "slots": slots,
-                    "cpus": self.config.n_threads or (os.cpu_count() or 1),
+                    "cpus": min(self.config.n_threads, free) if self.config.n_threads else free,
                     "instances": self.config.instances}
         try:
             return await Worker.start(name, settings=settings, engine=choice.to_json(),

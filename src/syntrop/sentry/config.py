@@ -12,12 +12,15 @@
                                   # pinned model there, else smollm2
     queue = 64                    # failure signals waiting for triage; more are dropped
     sysfs_root = "/"              # where gang triage finds /sys (PCI addresses of planes)
+    warm_session = true           # keep a runtimed session with the prompt's stable part
+                                  # (false: a Runtime1.Chat with the whole prompt per incident)
 
     [budgets]                     # milliseconds per phase
     context = 1000
     gang = 1000
     lease = 1000
-    decide = 1800
+    decide = 1800                 # from when the incident's turn is handed to the model
+    decide_ready = 5000           # waiting for the warm session (being opened) before that
     execute = 30000
     verify = 15000
     release = 500
@@ -60,6 +63,7 @@ class Config:
     model: str | None = None
     queue: int = 64
     sysfs_root: Path = Path("/")
+    warm_session: bool = True
     budgets: Budgets = field(default_factory=Budgets)
     policy: Policy = field(default_factory=Policy)
 
@@ -88,6 +92,9 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
     sysfs_root = data.get("sysfs_root", "/")
     if not isinstance(sysfs_root, str) or not sysfs_root.startswith("/"):
         raise ConfigError(f"{where}: sysfs_root must be an absolute path")
+    warm = data.get("warm_session", True)
+    if not isinstance(warm, bool):
+        raise ConfigError(f"{where}: warm_session must be true or false")
     d = Budgets()
 
     def ms(key: str, default_usec: int) -> int:
@@ -113,11 +120,13 @@ def parse(data: dict[str, Any], where: str = "sentry.toml") -> Config:
         recent_usec=int(number(data, "recent_sec", 600, where) * SECOND),
         verify_usec=verify, verify_max_usec=verify_max, model=model,
         queue=max(1, int(number(data, "queue", 64, where))),
-        sysfs_root=Path(sysfs_root),
+        sysfs_root=Path(sysfs_root), warm_session=warm,
         budgets=Budgets(
             context_usec=ms("context", d.context_usec), gang_usec=ms("gang", d.gang_usec),
             lease_usec=ms("lease", d.lease_usec),
-            decide_usec=ms("decide", d.decide_usec), execute_usec=ms("execute", d.execute_usec),
+            decide_usec=ms("decide", d.decide_usec),
+            decide_ready_usec=ms("decide_ready", d.decide_ready_usec),
+            execute_usec=ms("execute", d.execute_usec),
             verify_usec=ms("verify", d.verify_usec), release_usec=ms("release", d.release_usec)),
         policy=policy)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import KNOWN_TOOLS, Executed, Facts, Phases, StepRecord
+from syntrop.sentry.warm import WarmSession
 from syntrop.system.systemd import Systemd
 
 CALL_TIMEOUT = 45.0
@@ -40,7 +41,8 @@ class Live:
     """The phases bound to this host. `systemd` is None without a bus."""
 
     def __init__(self, *, systemd: Systemd | None, model: str, model_pinned: bool = False,
-                 window_usec: int | None = None, sysfs_root: Path = Path("/")) -> None:
+                 window_usec: int | None = None, sysfs_root: Path = Path("/"),
+                 warm: bool = True) -> None:
         self.systemd = systemd
         #: The triage model; with `model_pinned`, the first model pinned in
         #: modeld when there is one, else `model`.
@@ -48,13 +50,36 @@ class Live:
         self.model_pinned = model_pinned
         self.window_usec = window_usec
         self.sysfs_root = sysfs_root
-        #: The answer being decoded: text, tokens, when Chat was called.
+        #: The answer being decoded: text, tokens, when the model was asked.
         self._partial: tuple[str, int, float] | None = None
+        #: The warm triage session (warm.py); None: a Runtime1.Chat per
+        #: incident, the whole prompt each time.
+        self.warm: WarmSession | None = None
+        if warm:
+            from syntrop.sentry import decide
+
+            self.warm = WarmSession(self._model, decide.prefix_messages)
 
     def phases(self) -> Phases:
         return Phases(context=self.context, lease=self.lease, decide=self.decide,
                       execute=self.execute, verify=self.verify, release=self.release,
-                      gang=self.gang, decide_progress=self.progress)
+                      gang=self.gang, decide_progress=self.progress,
+                      decide_ready=self.ready if self.warm is not None else None,
+                      decide_tokens=self.tokens)
+
+    def tokens(self) -> int:
+        """Tokens the model has answered so far in this decide."""
+        return 0 if self._partial is None else self._partial[1]
+
+    async def ready(self) -> str:
+        """The warm session, open with its prefix (reopened once if the last
+        attempt failed); what it holds, in words."""
+        assert self.warm is not None
+        try:
+            opened = await self.warm.ready()
+        except Exception as error:
+            raise RuntimeError(f"no triage session: {type(error).__name__}: {error}") from None
+        return f"session of {opened.model} with {opened.prefix_tokens} prefix tokens"
 
     def progress(self) -> str:
         """What the model had answered when its decision was cut off."""
@@ -203,9 +228,12 @@ class Live:
             topology = await inference.GetTopology()
             cpu = next((str(_field(p, "id")) for p in _field(topology, "planes") or []
                         if _field(p, "kind") == "cpu"), None)
+            # Not while the model answers in the warm session: runtimed
+            # keeps sessions in the model's main worker, which an
+            # exclusive lease would freeze with the session in it.
             reply = await inference.AcquireLease(
                 priority="EmergencyTriage", memory_bytes=LEASE_BYTES, plane=cpu,
-                unit=None, pid=os.getpid(), exclusive=True)
+                unit=None, pid=os.getpid(), exclusive=self.warm is None)
         return str(_field(reply, "lease_id"))
 
     async def release(self, lease_id: str) -> None:
@@ -217,18 +245,24 @@ class Live:
 
     async def decide(self, unit: str, findings: list[str], cause: str, journal: list[str],
                      offered: list[Plan]) -> Plan:
-        """Ask the model through Runtime1.Chat to choose among the offered
-        plans (its answer constrained to them). Fails (and the rules' plan
-        stands) when runtimed is absent or the answer is not an offered
-        plan; the error carries the raw answer."""
+        """Ask the model to choose among the offered plans (its answer
+        constrained to them): in the warm session, only this incident's turn
+        is prefilled; without one, Runtime1.Chat with the whole prompt.
+        Fails (and the rules' plan stands) when runtimed is absent or the
+        answer is not an offered plan; the error carries the raw answer."""
         from syntrop.sentry import decide
 
         started = time.monotonic()
         self._partial = None
         evidence = decide.Evidence(unit=unit, findings=findings, cause=cause, journal=journal)
-        text, tokens = await self.chat(decide.messages(evidence, offered),
-                                       decide.answer_schema(offered))
-        timing = f"{tokens} tokens; Chat {(time.monotonic() - started) * 1e3:.0f} ms"
+        if self.warm is not None:
+            text, tokens, how = await self.session_answer(
+                decide.suffix_messages(evidence, offered), decide.answer_schema(offered))
+        else:
+            text, tokens = await self.chat(decide.messages(evidence, offered),
+                                           decide.answer_schema(offered))
+            how = "Chat"
+        timing = f"{tokens} tokens; {how} {(time.monotonic() - started) * 1e3:.0f} ms"
         offer = " | ".join(p.describe() for p in offered)
         try:
             chosen = decide.parse(text, offered)
@@ -238,6 +272,36 @@ class Live:
         return Plan(steps=chosen.steps, reason=f"answer {decide.summarise(text)!r} (offered "
                                                f"{offer}; {timing})")
 
+    @staticmethod
+    def _sampling() -> Any:
+        from syntrop.interfaces.runtime import Sampling
+        from syntrop.sentry import decide
+
+        return Sampling(max_tokens=decide.MAX_TOKENS, temperature=decide.TEMPERATURE,
+                        top_p=None, top_k=None, seed=decide.SEED, stop=None)
+
+    async def session_answer(self, suffix: list[tuple[str, str]], schema: dict[str, Any]
+                             ) -> tuple[str, int, str]:
+        """This incident's turn prefilled after the warm session's prefix,
+        and the answer decoded (greedy, short, seeded, constrained to
+        `schema`). Returns the text, the tokens and how, in words."""
+        from syntrop.interfaces.runtime import Constraint
+        from syntrop.sentry.warm import chatml
+
+        assert self.warm is not None
+        since = time.monotonic()
+        self._partial = ("", 0, since)
+
+        def seen(text: str, tokens: int) -> None:
+            self._partial = (text, tokens, since)
+
+        answer = await self.warm.answer(chatml(suffix, answer=True), self._sampling(),
+                                        Constraint(json_schema=json.dumps(schema)), seen)
+        again = ", reopened" if answer.reopened else ""
+        return answer.text, answer.tokens, (
+            f"session{again} ({answer.prefix_tokens} prefix tokens kept, "
+            f"{answer.suffix_tokens} prefilled)")
+
     async def chat(self, messages: list[tuple[str, str]],
                    schema: dict[str, Any]) -> tuple[str, int]:
         """The one Runtime1.Chat call: greedy, short, seeded, and constrained
@@ -245,12 +309,10 @@ class Live:
         is still checked as strictly as before. Returns the text and the
         tokens generated."""
 
-        from syntrop.interfaces.runtime import ChatMessage, Constraint, Runtime1, Sampling
-        from syntrop.sentry import decide
+        from syntrop.interfaces.runtime import ChatMessage, Constraint, Runtime1
         from syntrop.varlink.client import connect
 
-        sampling = Sampling(max_tokens=decide.MAX_TOKENS, temperature=decide.TEMPERATURE,
-                            top_p=None, top_k=None, seed=decide.SEED, stop=None)
+        sampling = self._sampling()
         text, tokens = "", 0
         self._partial = (text, tokens, time.monotonic())
         model = await self.triage_model()
@@ -269,20 +331,28 @@ class Live:
     async def triage_model(self) -> str:
         """The model to ask: the configured one, or the first pinned in
         modeld (its List), else the default."""
-        if not self.model_pinned:
-            return self.model
+        return (await self._model())[0]
+
+    async def _model(self) -> tuple[str, str]:
+        """The triage model (triage_model) and its weights' digest as modeld
+        lists it ("" when not known)."""
         from syntrop.interfaces.model import Model1
         from syntrop.varlink.client import connect
 
         try:
             async with await connect(Model1, timeout=CALL_TIMEOUT) as modeld:
                 models = _unwrap(await modeld.List(), "models")
-        except Exception:  # modeld unreachable: the default, and Chat says the rest
-            return self.model
-        pinned = sorted(str(_field(m, "name")) + ("" if _field(m, "tag") in (None, "latest")
-                                                  else f":{_field(m, 'tag')}")
-                        for m in models or [] if _field(m, "pinned"))
-        return pinned[0] if pinned else self.model
+        except Exception:  # modeld unreachable: the default, and runtimed says the rest
+            return self.model, ""
+
+        def name(m: Any) -> str:
+            tag = _field(m, "tag")
+            return str(_field(m, "name")) + ("" if tag in (None, "latest") else f":{tag}")
+
+        digests = {name(m): str(_field(m, "digest") or "") for m in models or []}
+        pinned = sorted(name(m) for m in models or [] if _field(m, "pinned"))
+        chosen = pinned[0] if pinned and self.model_pinned else self.model
+        return chosen, digests.get(chosen, digests.get(chosen.removesuffix(":latest"), ""))
 
     async def execute(self, unit: str, plan: Plan) -> Executed:
         """The plan as one Tool1.ExecutePlan: toold checks it whole, runs

@@ -105,6 +105,11 @@ class Phases:
     gang: Callable[[str, Facts], Awaitable[str]] | None = None
     #: What the model had answered so far, for a decide phase that overran.
     decide_progress: Callable[[], str] | None = None
+    #: Makes the model ready to be asked (the warm session open with its
+    #: prefix); says how. decide's budget starts once it returns.
+    decide_ready: Callable[[], Awaitable[str]] | None = None
+    #: Tokens the model has produced so far in this decide.
+    decide_tokens: Callable[[], int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +123,9 @@ class Budgets:
     gang_usec: int = 1_000 * MS
     lease_usec: int = 1_000 * MS
     decide_usec: int = 1_800 * MS
+    #: How long decide waits for the model to be ready (a session being
+    #: opened or reopened) before its own budget starts.
+    decide_ready_usec: int = 5_000 * MS
     execute_usec: int = 30_000 * MS
     verify_usec: int = 15_000 * MS
     release_usec: int = 500 * MS
@@ -175,7 +183,10 @@ class _Run:
 
     async def phase(self, name: str, budget_usec: int, call: Callable[[], Awaitable[T]],
                     describe: Callable[[Any], str] = str,
-                    progress: Callable[[], str] | None = None) -> tuple[bool, T | None]:
+                    progress: Callable[[], str] | None = None,
+                    extend: Callable[[], bool] | None = None) -> tuple[bool, T | None]:
+        """Run `call` under `budget_usec`; when it overruns and `extend()`
+        says so, it gets one more budget."""
         started = self.clock()
         # The phase runs as a task of its own and is waited for with a
         # timeout, rather than cancelled from inside by asyncio.timeout: a
@@ -188,12 +199,21 @@ class _Run:
         except asyncio.CancelledError:
             task.cancel()
             raise
+        extended = False
+        if not done and extend is not None and extend():
+            extended = True
+            try:
+                done, _ = await asyncio.wait({task}, timeout=budget_usec / 1e6)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+        more = " (extended once: the model was answering)" if extended else ""
         if not done:
             _abandon(task)
             so_far = progress() if progress is not None else ""
             self._add(name, started, budget_usec, "timeout",
-                      f"over its budget of {budget_usec // MS} ms" + (f"; {so_far}" if so_far
-                                                                     else ""))
+                      f"over its budget of {budget_usec // MS} ms{more}"
+                      + (f"; {so_far}" if so_far else ""))
             return False, None
         try:
             value = task.result()
@@ -201,9 +221,9 @@ class _Run:
             raise
         except Exception as error:  # a phase's failure must not stop the triage
             logger.debug("phase %s failed: %r", name, error)
-            self._add(name, started, budget_usec, "failed", _short(error))
+            self._add(name, started, budget_usec, "failed", _short(error) + more)
             return False, None
-        self._add(name, started, budget_usec, "ok", describe(value))
+        self._add(name, started, budget_usec, "ok", describe(value) + more)
         return True, value
 
     def skip(self, name: str, budget_usec: int, why: str) -> None:
@@ -267,6 +287,35 @@ def _ran(steps: list[StepRecord]) -> str:
     return "; ".join(f"{s.tool} {s.outcome}" + (f" ({s.message})" if s.message and
                                                 s.outcome != "not_run" else "")
                      for s in steps)
+
+
+def extends(plan: Plan, tokens: int) -> bool:
+    """Whether a decide that overran its budget gets one more: only while
+    the model is producing tokens, and only when the rules' plan is "a
+    human must" (the empty plan). A fixable plan of the rules' never waits
+    for the model."""
+    return tokens > 0 and not plan.steps
+
+
+async def _decide(run: _Run, phases: Phases, budgets: Budgets, plan: Plan,
+                  call: Callable[[], Awaitable[Plan]]) -> Plan | None:
+    """The decide phase: the model made ready (under its own wait, not
+    decide's budget), then asked under decide's budget, extended once as
+    `extends` says. The model's plan, or None: the rules' plan stands."""
+    ready = ""
+    if phases.decide_ready is not None:
+        ok, how = await run.phase("decide", budgets.decide_ready_usec, phases.decide_ready,
+                                  progress=lambda: "the model was not ready")
+        if not ok:
+            return None
+        waited = run.phases.pop()  # one record: the model's part, with the wait in words
+        ready = f"; {how}, ready after {waited.duration_usec // MS} ms"
+    tokens = phases.decide_tokens
+    ok, chosen = await run.phase(
+        "decide", budgets.decide_usec, call,
+        lambda p: f"model chose {p.describe()}; {p.reason}{ready}", phases.decide_progress,
+        extend=None if tokens is None else lambda: extends(plan, tokens()))
+    return chosen if ok else None
 
 
 def _untried(offered: list[Plan], plan: Plan, tried: frozenset[str]
@@ -346,11 +395,10 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
                                facts.failure_usec)
     offered, plan, exhausted = _untried(offered, plan, policy.tried)
     if got_lease and len(offered) > 1:
-        ok, chosen = await run.phase(
-            "decide", budgets.decide_usec,
-            lambda: phases.decide(unit, lines, cause.summary, facts.journal, offered),
-            lambda p: f"model chose {p.describe()}; {p.reason}", phases.decide_progress)
-        if ok and chosen is not None:
+        chosen = await _decide(
+            run, phases, budgets, plan,
+            lambda: phases.decide(unit, lines, cause.summary, facts.journal, offered))
+        if chosen is not None:
             plan, decided_by = chosen, "model"
     elif got_lease:
         run.skip("decide", budgets.decide_usec, f"one plan to offer: {plan.describe()}")

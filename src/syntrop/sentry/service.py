@@ -90,7 +90,9 @@ class SentryService(Sentry1):
         self.clock = wall_clock_usec
         live = Live(systemd=systemd, model=self.config.model or MODEL,
                     model_pinned=self.config.model is None,
-                    window_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root)
+                    window_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root,
+                    warm=self.config.warm_session)
+        self.live = live
         self.supervisor = Supervisor(self.store, live.phases(), self.config, self.clock,
                                      on_change=self._status, still_failed=live.still_failed,
                                      start_lost=live.start_dependent)
@@ -114,6 +116,9 @@ class SentryService(Sentry1):
             except sd.SystemdError as error:
                 logger.warning("cannot subscribe to systemd (%s), ignoring", error)
         service._status()
+        if service.live.warm is not None:
+            # In the background: the first reply does not wait for the model.
+            service.live.warm.start()
         return service
 
     @property
@@ -127,6 +132,8 @@ class SentryService(Sentry1):
         for slot in self.slots:
             slot.close()
         await self.supervisor.close()
+        if self.live.warm is not None:
+            await self.live.warm.close()
         if self.systemd is not None:
             self.systemd.close()
         self.store.close()
