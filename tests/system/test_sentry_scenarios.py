@@ -8,6 +8,12 @@ scenarios under plain `Restart=on-failure` for comparison.
   the rules' fallback is used and the unit is still healed;
 - the same bad drop-in with time enough for SmolLM2: the model chooses
   revert_dropin and the unit is healed;
+- a drop-in pointing ExecStart= at a program that is not installed: the
+  drop-in, not the missing program, is the cause, and its revert heals the
+  unit; the same drop-in on a dependency: the dependency is healed by the
+  revert and its dependent's lost start retried;
+- a unit on toold's deny list: the incident names toold's refusal, and no
+  later failure of it is called transient or a crash loop;
 - `Restart=on-failure` (sentry told to ignore these units) on the bad
   drop-in, the transient crash and the package upgrade: it heals the two
   that a restart heals and cannot fix the bad drop-in.
@@ -27,12 +33,16 @@ from typing import Any
 
 import pytest
 
+from syntrop.toold.config import DEFAULT_DENY
 from tests.models import smollm2_path
 from tests.system.instance import Instance, pull_into_modeld, wait_until
 
 SENTRY = "io.syntrop.Sentry1"
 CONTEXT = "io.syntrop.Context1"
 PACKAGE = "syntrop-scenario-app"
+TOOL = "io.syntrop.Tool1"
+#: toold's deny list: its default and the units of the deny scenario.
+DENY = ", ".join(json.dumps(d) for d in (*DEFAULT_DENY, "sc-deny-*"))
 #: (scenario, supervisor, healed, seconds from failure to healthy, actions)
 RESULTS: list[tuple[str, str, str, str, str]] = []
 
@@ -55,7 +65,8 @@ def restart_sentry(instance: Instance, decide_ms: int) -> None:
 
 @pytest.fixture(scope="module")
 def sentry(instance: Instance) -> Iterator[Instance]:
-    instance.write("/etc/syntrop/toold.toml", "[timeouts]\nhealth_window_sec = 1\njob_sec = 20\n")
+    instance.write("/etc/syntrop/toold.toml", f"deny = [{DENY}]\n"
+                   "[timeouts]\nhealth_window_sec = 1\njob_sec = 20\n")
     instance.systemctl("restart", "toold.socket", check=False)
     instance.systemctl("stop", "toold.service", check=False)
     call(instance, "GetStatus", interface=CONTEXT)  # contextd watching before any edit
@@ -213,6 +224,120 @@ def test_package_upgrade_changes_config_context_names_package(
                     f"{healed_in(incident):.2f} s",
                     f"{tool_of(incident)} ({incident['decided_by']})"))
     sentry.systemctl("stop", unit)
+
+
+# --- a cause over its symptom -------------------------------------------------------
+
+def audited(instance: Instance, unit: str) -> list[str]:
+    """The tools toold ran on `unit` (allowed, not dry runs), in order."""
+    records = call(instance, "GetAudit", interface=TOOL, limit=1000, unit=unit)["records"]
+    return [r["tool"] for r in records if r["decision"] == "allowed" and not r["dry_run"]]
+
+
+def plan_of(incident: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(s["tool"], s["outcome"]) for s in incident.get("plan") or []]
+
+
+def point_at_missing_program(instance: Instance, unit: str) -> tuple[str, str]:
+    """A drop-in whose ExecStart= names a program that is not installed,
+    seen by contextd, then daemon-reload. Returns the drop-in and program."""
+    program = f"/usr/local/bin/{unit.removesuffix('.service')}-not-installed"
+    path = f"/etc/systemd/system/{unit}.d/50-exec.conf"
+    instance.write(path, f"[Service]\nExecStart=\nExecStart={program}\n")
+    wait_until("contextd recorded the drop-in", lambda: any(
+        e.get("path") == path for e in call(instance, "ListEvents", interface=CONTEXT,
+                                            kind="dropin")["events"]), 10)
+    instance.systemctl("daemon-reload")
+    return path, program
+
+
+def test_a_dropin_naming_a_missing_program_is_reverted(sentry: Instance) -> None:
+    unit = "sc-exec.service"
+    install(sentry, unit, "ExecStart=/bin/sleep infinity\n")
+    sentry.systemctl("start", unit)
+    sentry.wait_for_unit(unit, ActiveState="active")
+    before, incidents_before = states(sentry, unit), incident_units(sentry)
+    path, program = point_at_missing_program(sentry, unit)
+    sentry.systemctl("restart", unit, check=False)
+    [incident] = finished(sentry, unit)
+    cause = incident["cause"]
+    assert (cause["kind"], cause["subject"], cause["fixable"]) == \
+        ("dropin_changed", path, True), incident
+    assert f"its ExecStart= names {program}, which does not exist" in cause["evidence"]
+    assert any(program in line for line in incident["findings"]), incident
+    assert plan_of(incident) == [("revert_dropin", "succeeded")]
+    assert incident["result"] == "healed", incident
+    assert audited(sentry, unit) == ["revert_dropin"]
+    assert not sentry.host_path(path).exists()
+    assert sentry.show(unit, "ActiveState")["ActiveState"] == "active"
+    assert states(sentry, unit) == before
+    assert incident_units(sentry) - incidents_before == {unit}
+    RESULTS.append(("a drop-in naming a missing program", "sentry", "yes",
+                    f"{healed_in(incident):.2f} s", f"cause dropin_changed; {tool_of(incident)}"))
+    sentry.systemctl("stop", unit)
+
+
+def test_a_dependency_whose_dropin_names_a_missing_program_is_healed(sentry: Instance) -> None:
+    db, app = "sc-xdb.service", "sc-xapp.service"
+    install(sentry, db, "ExecStart=/bin/sleep infinity\n")
+    sentry.write(f"/etc/systemd/system/{app}", f"[Unit]\nRequires={db}\nAfter={db}\n"
+                 "[Service]\nType=exec\nExecStart=/bin/sleep infinity\n")
+    before, incidents_before = states(sentry, db, app), incident_units(sentry)
+    path, _ = point_at_missing_program(sentry, db)
+    sentry.systemctl("start", app, check=False)
+    [db_incident] = [i for i in finished(sentry, db) if i["result"] != "breaker_open"]
+    assert (db_incident["cause"]["kind"], db_incident["cause"]["subject"]) == \
+        ("dropin_changed", path), db_incident
+    assert plan_of(db_incident) == [("revert_dropin", "succeeded")]
+    assert db_incident["result"] == "healed", db_incident
+    app_incidents = wait_until(f"{app} healed", lambda: (
+        [i for i in finished(sentry, app) if i["result"] == "healed"]
+        and finished(sentry, app)), 60)
+    assert app_incidents[0]["cause"]["kind"] == "dependency_failed", app_incidents
+    assert app_incidents[0]["cause"]["subject"] == db
+    assert all(t == "unit_restart" for t in audited(sentry, app))
+    assert audited(sentry, db) == ["revert_dropin"]
+    assert not sentry.host_path(path).exists()
+    for unit in (db, app):
+        assert sentry.show(unit, "ActiveState")["ActiveState"] == "active"
+    assert states(sentry, db, app) == before
+    assert incident_units(sentry) - incidents_before == {db, app}
+    RESULTS.append(("a dependency's drop-in naming a missing program", "sentry", "yes",
+                    f"{healed_in(db_incident):.2f} s",
+                    "cause dropin_changed; revert_dropin, then the dependent's unit_restart"))
+    sentry.systemctl("stop", app, db)
+
+
+def test_a_unit_toold_denies_gets_an_incident_naming_the_refusal(sentry: Instance) -> None:
+    unit = "sc-deny-web.service"
+    install(sentry, unit, "ExecStart=/bin/sh -c 'sleep 0.2; exit 1'\n")
+    before, incidents_before = states(sentry, unit), incident_units(sentry)
+    sentry.systemctl("start", unit)
+    [first] = finished(sentry, unit)
+    cause = first["cause"]
+    assert (cause["kind"], cause["fixable"], cause["subject"]) == \
+        ("unit_protected", False, unit), first
+    assert f"{unit} is not allowed" in cause["summary"], first
+    [step] = first["plan"]
+    assert step["outcome"] == "refused", first
+    assert step["message"] == f"PlanRefused: {unit} is not allowed", first
+    assert first["result"] == "needs_human", first
+    # The same failure again: never transient, never a crash loop.
+    sentry.systemctl("reset-failed", unit)
+    sentry.systemctl("start", unit)
+    found = finished(sentry, unit, 2)
+    for incident in found:
+        kind = (incident.get("cause") or {}).get("kind")
+        assert kind not in ("transient", "crash_loop"), incident
+        assert "transient" not in incident["summary"] and "crash_loop" not in \
+            incident["summary"], incident
+    assert audited(sentry, unit) == []
+    assert sentry.show(unit, "ActiveState")["ActiveState"] == "failed"
+    assert states(sentry, unit) == before
+    assert incident_units(sentry) - incidents_before == {unit}
+    RESULTS.append(("a unit on toold's deny list", "sentry", "no (needs_human)", "-",
+                    "cause unit_protected; unit_restart refused by toold"))
+    sentry.systemctl("reset-failed", unit, check=False)
 
 
 # --- the model phase overruns with a model present --------------------------------

@@ -14,7 +14,12 @@ failure:
   unit died shortly after it, the journal names it, or the exit status
   does. A recent change without such a link is reported, never undone;
 - a failed dependency takes precedence over everything of the unit's own:
-  systemd's `dependency` job result says the unit never got to run.
+  systemd's `dependency` job result says the unit never got to run;
+- a cause beats its symptom: a linked drop-in or unit file that names the
+  program found missing is the cause, not the missing program;
+- when nothing is linked, the cause is what systemd and the journal say (a
+  resource the journal names as busy or refused, else the exit status), and
+  an old change linked only by timing loses its link to such a journal line.
 
 `cause()` picks the finding that explains the failure (or `transient`:
 nothing linked), with whether syntrop's tools can fix it; `plan()` maps a
@@ -27,7 +32,7 @@ crash loop without a change) get at most one restart.
 """
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SECOND = 1_000_000
@@ -55,8 +60,16 @@ CONFIG_REPLACED = "config_replaced"
 CONFIG_EDITED = "config_edited"
 UNIT_FILE = "unit_file_changed"
 CRASH_LOOP = "crash_loop"
+RESOURCE = "resource_error"
 EXIT = "exit_status"
 TRANSIENT = "transient"
+#: Not found by the rules: toold refused the plan, the unit is on its deny list.
+PROTECTED = "unit_protected"
+
+#: What the journal says when a resource the unit needs is taken or refused.
+RESOURCE_ERRORS = ("address already in use", "permission denied",
+                   "held by another process", "locked by another process",
+                   "is already locked", "could not get lock", "unable to lock")
 
 #: Causes in order of precedence, and whether a plan of syntrop's tools
 #: can remove them.
@@ -72,8 +85,10 @@ PRECEDENCE: tuple[tuple[str, bool], ...] = (
     (CONFIG_REPLACED, False),
     (CONFIG_EDITED, False),
     (UNIT_FILE, False),
+    (RESOURCE, False),
     (CRASH_LOOP, False),
 )
+FIXABLE = dict(PRECEDENCE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +128,9 @@ class UnitFacts:
     #: ExecStart= programs, and those of them that do not exist.
     exec_paths: tuple[str, ...] = ()
     missing_exec: tuple[str, ...] = ()
+    #: (file, program): the unit file or drop-in whose ExecStart= names a
+    #: missing program.
+    missing_named_by: tuple[tuple[str, str], ...] = ()
     #: CacheDirectory=, StateDirectory=, RuntimeDirectory= as absolute paths.
     cache_dirs: tuple[str, ...] = ()
     state_dirs: tuple[str, ...] = ()
@@ -142,6 +160,9 @@ class Finding:
     at_usec: int | None = None
     linked: bool = False
     evidence: tuple[str, ...] = ()
+    #: The kind of the symptom this change introduced (it names the missing
+    #: program): the change, not the symptom, is the cause.
+    introduced: str | None = None
 
     def line(self, failure_usec: int) -> str:
         """One line for the model and the incident."""
@@ -157,6 +178,7 @@ class Finding:
             CONFIG_EDITED: f"config {self.subject} edited",
             UNIT_FILE: f"unit file {self.subject} changed",
             CRASH_LOOP: "it keeps failing with nothing changed",
+            RESOURCE: f"the journal says {self.subject!r}",
             EXIT: f"{self.subject}",
         }.get(self.kind, self.kind)
         if self.at_usec is not None:
@@ -313,6 +335,48 @@ def _exit(facts: UnitFacts) -> list[Finding]:
     return found
 
 
+#: Findings of a change: the kinds a journal line may outweigh.
+CHANGES = (DROPIN, UNIT_FILE, CONFIG_REPLACED, CONFIG_EDITED)
+
+
+def _causes_over_symptoms(found: list[Finding], facts: UnitFacts,
+                          new_units: set[str | None]) -> list[Finding]:
+    """A linked drop-in or unit file whose ExecStart= names the missing
+    program introduced the symptom: it is marked as the symptom's cause. A
+    unit file created with the unit (`new_units`) changed nothing that
+    worked: the program is what is missing."""
+    if not any(f.kind == EXEC_MISSING for f in found):
+        return found
+    named: dict[str | None, str] = dict(facts.missing_named_by)
+    return [replace(f, introduced=EXEC_MISSING,
+                    evidence=(*f.evidence, f"its ExecStart= names {named[f.subject]}, "
+                                           "which does not exist"))
+            if f.linked and f.subject in named and (
+                f.kind == DROPIN or (f.kind == UNIT_FILE and f.subject not in new_units))
+            else f for f in found]
+
+
+def _resource(journal: Sequence[str]) -> Finding | None:
+    """The last journal line that says a resource is taken or refused."""
+    for line in reversed(journal):
+        if any(error in line.lower() for error in RESOURCE_ERRORS):
+            return Finding(kind=RESOURCE, subject=line.strip()[:160], linked=True,
+                           evidence=(f"journal: {line[:160]}",))
+    return None
+
+
+def _outweighed(finding: Finding, failure_usec: int) -> Finding:
+    """A change linked only because the start that failed came after it,
+    made more than DIED_AFTER_USEC before the failure, is not linked when
+    the journal names a busy or refused resource instead."""
+    if finding.kind not in CHANGES or not finding.linked or finding.introduced \
+            or finding.at_usec is None or failure_usec - finding.at_usec <= DIED_AFTER_USEC \
+            or any(e.startswith("journal: ") for e in finding.evidence):
+        return finding
+    return replace(finding, linked=False,
+                   evidence=(*finding.evidence, "the journal names another cause"))
+
+
 def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[str],
          facts: UnitFacts, failure_usec: int, *, attempts: int = 0) -> list[Finding]:
     """The findings of a failure; `attempts` counts sentry's earlier
@@ -366,6 +430,11 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
                 found.append(Finding(kind=kind, subject=directory, linked=True,
                                      evidence=tuple(f"journal: {line[:160]}"
                                                     for line in named[:2])))
+    found = _causes_over_symptoms(found, facts, {
+        c.path for c in changes if c.kind == "unit_file" and c.action == "created"})
+    resource = _resource(journal)
+    if resource is not None:
+        found = [_outweighed(finding, failure_usec) for finding in found] + [resource]
     if attempts and not any(f.linked for f in found):
         found.append(Finding(kind=CRASH_LOOP, linked=True,
                              evidence=(f"{attempts} earlier remediations in the window",)))
@@ -375,12 +444,15 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
 def cause(findings: Sequence[Finding], failure_usec: int) -> Cause:
     """The finding that explains the failure, by precedence; `transient`
     when nothing is linked (unlinked changes are in the evidence)."""
-    for kind, fixable in PRECEDENCE:
+    introduced = {f.introduced: f for f in findings if f.linked and f.introduced}
+    for kind, _ in PRECEDENCE:
         for finding in findings:
             if finding.kind == kind and finding.linked:
-                return Cause(kind=kind, fixable=fixable, subject=finding.subject,
-                             package=finding.package, summary=finding.line(failure_usec),
-                             evidence=finding.evidence)
+                # A linked change that introduced this symptom is its cause.
+                chosen = introduced.get(kind, finding)
+                return Cause(kind=chosen.kind, fixable=FIXABLE[chosen.kind],
+                             subject=chosen.subject, package=chosen.package,
+                             summary=chosen.line(failure_usec), evidence=chosen.evidence)
     unlinked = [f.line(failure_usec) for f in findings if not f.linked and f.kind != EXIT]
     exits = [f.line(failure_usec) for f in findings if f.kind == EXIT]
     return Cause(kind=TRANSIENT, fixable=True,

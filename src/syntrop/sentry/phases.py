@@ -166,6 +166,10 @@ class Live:
         programs = tuple(str(entry[0]) for entry in props.get("ExecStart", ()) or ()
                          if entry and entry[0])
 
+        missing = tuple(p for p in programs if not os.path.exists(p))
+        fragment = str(props.get("FragmentPath", ""))
+        drop_ins = tuple(str(p) for p in props.get("DropInPaths", ()) or ())
+
         def directories(key: str, root: str) -> tuple[str, ...]:
             return tuple(f"{root}/{name}" for name in props.get(key, ()) or ())
 
@@ -177,10 +181,10 @@ class Live:
             need_daemon_reload=bool(props.get("NeedDaemonReload", False)),
             active_enter_usec=int(props.get("ActiveEnterTimestamp", 0) or 0),
             inactive_exit_usec=int(props.get("InactiveExitTimestamp", 0) or 0),
-            fragment_path=str(props.get("FragmentPath", "")),
-            drop_in_paths=tuple(str(p) for p in props.get("DropInPaths", ()) or ()),
-            exec_paths=programs,
-            missing_exec=tuple(p for p in programs if not os.path.exists(p)),
+            fragment_path=fragment, drop_in_paths=drop_ins, exec_paths=programs,
+            missing_exec=missing,
+            missing_named_by=await asyncio.to_thread(
+                named_by, (fragment, *drop_ins) if fragment else drop_ins, missing),
             cache_dirs=directories("CacheDirectory", "/var/cache"),
             state_dirs=directories("StateDirectory", "/var/lib"),
             runtime_dirs=directories("RuntimeDirectory", "/run"),
@@ -358,13 +362,18 @@ class Live:
         """The plan as one Tool1.ExecutePlan: toold checks it whole, runs
         each step as Execute does (audited), and stops at the first that
         does not succeed."""
+        from asyncvarlink import VarlinkErrorReply
+
         from syntrop.interfaces.tool import PlanStep, Tool1
         from syntrop.varlink.client import connect
 
-        async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
-            reply = await tool.ExecutePlan(unit=unit, steps=[
-                PlanStep(tool=step.tool, parameters=dict(step.parameters))
-                for step in plan.steps])
+        try:
+            async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
+                reply = await tool.ExecutePlan(unit=unit, steps=[
+                    PlanStep(tool=step.tool, parameters=dict(step.parameters))
+                    for step in plan.steps])
+        except VarlinkErrorReply as error:
+            return refused(plan, error.name, error.paramstojson() or {})
         results = _field(reply, "steps") or []
         steps = [StepRecord(tool=step.tool, parameters=dict(step.parameters),
                             outcome=str(_field(result, "outcome")),
@@ -403,6 +412,45 @@ class Live:
                 return False
             if time.monotonic() >= deadline:
                 return True
+
+
+def named_by(files: tuple[str, ...], missing: tuple[str, ...]
+             ) -> tuple[tuple[str, str], ...]:
+    """(file, program) for each unit file or drop-in whose ExecStart= names
+    one of the `missing` programs (an unreadable file names none)."""
+    if not missing:
+        return ()
+    found: list[tuple[str, str]] = []
+    for path in files:
+        try:
+            text = Path(path).read_text(errors="replace")[:65536]
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            program = value.strip().lstrip("@-:+!|").split(maxsplit=1)[:1]
+            if key.strip() == "ExecStart" and program and program[0] in missing:
+                found.append((path, program[0]))
+    return tuple(dict.fromkeys(found))
+
+
+def refused(plan: Plan, name: str, parameters: dict[str, Any]) -> Executed:
+    """toold's error reply to a plan, kept: its name and words on the step it
+    names (the first when none), and its reason (unit_not_allowed, ...)."""
+    short = name.rpartition(".")[2]
+    words = str(parameters.get("message") or parameters.get("reason") or "")
+    if not words and parameters.get("unit"):
+        words = f"{parameters['unit']} is not allowed"
+    message = f"{short}: {words}" if words else short
+    reason = str(parameters.get("reason") or ("unit_not_allowed" if short == "UnitNotAllowed"
+                                              else short))
+    at = parameters.get("step")
+    at = at if isinstance(at, int) and 0 <= at < len(plan.steps) else 0
+    return Executed(outcome="refused", message=message, refused=reason, steps=[
+        StepRecord(tool=step.tool, parameters=dict(step.parameters),
+                   outcome="refused" if index == at else "not_run",
+                   message=message if index == at else "")
+        for index, step in enumerate(plan.steps)])
 
 
 def _kinds(changes: list[Change]) -> str:

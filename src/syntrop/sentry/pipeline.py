@@ -86,6 +86,9 @@ class Executed:
     outcome: str
     message: str = ""
     steps: list[StepRecord] = field(default_factory=list)
+    #: toold's reason when it refused the plan (outcome "refused"):
+    #: unit_not_allowed, invalid_step, ...
+    refused: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +337,15 @@ def _untried(offered: list[Plan], plan: Plan, tried: frozenset[str]
     return offered, plan, False
 
 
+def _protected(unit: str, found: Cause, executed: Executed) -> Cause:
+    """toold refused the plan because the unit is on its deny list: no tool
+    may touch the unit, whatever the rules found."""
+    return Cause(kind=rules.PROTECTED, fixable=False, subject=unit,
+                 summary=f"{unit} is protected: toold refused the plan ({executed.message})",
+                 evidence=(f"toold: {executed.message}", f"the rules found: {found.summary}",
+                           *found.evidence))
+
+
 def _result(healed: bool, plan: Plan, decided_by: str, cause: Cause, exhausted: bool) -> str:
     """An incident's result, from how it ended."""
     if healed:
@@ -426,6 +438,8 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
             healed = bool(ok and active)
         else:
             run.skip("verify", budgets.verify_usec, "the plan did not succeed")
+        if executed is not None and executed.refused == "unit_not_allowed":
+            cause = _protected(unit, cause, executed)
 
     if got_lease and lease_id is not None:
         held = lease_id

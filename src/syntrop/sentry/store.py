@@ -1,5 +1,9 @@
-"""Incidents and breaker states in SQLite (syntrop.system.sqlite.Database):
-persisted before any reply that reports them."""
+"""Incidents, breaker states and the supervisor's memory in SQLite
+(syntrop.system.sqlite.Database): persisted before any reply that reports
+them. The memory (the start of each unit's last run that went well, the
+plans that ran and did not heal it) outlives sentry's own restarts: sentry
+exits when idle, and a failure after that must not make a drop-in the unit
+ran well with look guilty, nor run a plan that already failed again."""
 
 import json
 import sqlite3
@@ -37,6 +41,18 @@ MIGRATIONS = [
     ALTER TABLE incidents ADD COLUMN cause TEXT;
     ALTER TABLE incidents ADD COLUMN plan TEXT;
     ALTER TABLE incidents ADD COLUMN findings TEXT
+    """,
+    """
+    CREATE TABLE ran_well (
+        unit TEXT PRIMARY KEY,
+        since_usec INTEGER NOT NULL
+    );
+    CREATE TABLE tried (
+        unit TEXT NOT NULL,
+        plan TEXT NOT NULL,
+        at_usec INTEGER NOT NULL,
+        PRIMARY KEY (unit, plan)
+    )
     """,
 ]
 
@@ -172,5 +188,45 @@ class Store:
     async def reset_breaker(self, unit: str) -> None:
         def put(c: sqlite3.Connection) -> None:
             c.execute("DELETE FROM breakers WHERE unit = ?", (unit,))
+
+        await self.db.run(put)
+
+    async def ran_well(self, unit: str) -> int:
+        """When the unit's last run known to have gone well began (0: none)."""
+        def get(c: sqlite3.Connection) -> int:
+            row = c.execute("SELECT since_usec FROM ran_well WHERE unit = ?",
+                            (unit,)).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self.db.run(get)
+
+    async def put_ran_well(self, unit: str, since_usec: int) -> None:
+        def put(c: sqlite3.Connection) -> None:
+            c.execute("INSERT OR REPLACE INTO ran_well (unit, since_usec) VALUES (?, ?)",
+                      (unit, since_usec))
+
+        await self.db.run(put)
+
+    async def tried(self, unit: str, since_usec: int) -> frozenset[str]:
+        """The plans that ran on the unit at or after `since_usec` and did not
+        heal it; older ones are forgotten."""
+        def get(c: sqlite3.Connection) -> frozenset[str]:
+            c.execute("DELETE FROM tried WHERE unit = ? AND at_usec < ?", (unit, since_usec))
+            rows = c.execute("SELECT plan FROM tried WHERE unit = ?", (unit,)).fetchall()
+            return frozenset(str(r[0]) for r in rows)
+
+        return await self.db.run(get)
+
+    async def put_tried(self, unit: str, plan: str, at_usec: int) -> None:
+        def put(c: sqlite3.Connection) -> None:
+            c.execute("INSERT OR REPLACE INTO tried (unit, plan, at_usec) VALUES (?, ?, ?)",
+                      (unit, plan, at_usec))
+
+        await self.db.run(put)
+
+    async def forget_tried(self, unit: str) -> None:
+        """The unit healed: no plan of the window is held against it."""
+        def put(c: sqlite3.Connection) -> None:
+            c.execute("DELETE FROM tried WHERE unit = ?", (unit,))
 
         await self.db.run(put)

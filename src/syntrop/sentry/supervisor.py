@@ -61,11 +61,9 @@ class Supervisor:
         #: the start it lost? Units waiting, by the dependency they wait for.
         self.start_lost = start_lost
         self.waiting: dict[str, set[str]] = {}
-        #: When each unit's last run that went well began, as its last
-        #: triage saw it (the next triage's findings need it).
-        self.ran_well: dict[str, int] = {}
-        #: unit → {plan that did not heal it: when}, within the breaker's window.
-        self.tried: dict[str, dict[str, int]] = {}
+        # The memory of each unit's last run that went well and of the plans
+        # that did not heal it (within the breaker's window) is the store's:
+        # it outlives sentry's restarts.
         self._checks: set[asyncio.Task[None]] = set()
         #: Set when a signal was taken off the queue (for benches: the
         #: moment triage starts).
@@ -215,11 +213,11 @@ class Supervisor:
             detected_usec=detected_usec, incident_id=ident,
             policy=Policy(attempts=attempts, hold_min_usec=self.config.verify_usec,
                           hold_max_usec=self.config.verify_max_usec,
-                          ran_well_usec=self.ran_well.get(unit, 0),
-                          tried=self._tried(unit, now, policy.window_usec)))
+                          ran_well_usec=await self.store.ran_well(unit),
+                          tried=await self.store.tried(unit, now - policy.window_usec + 1)))
         if incident.ran_well_usec:
-            self.ran_well[unit] = incident.ran_well_usec
-        self._remember(unit, incident, now)
+            await self.store.put_ran_well(unit, incident.ran_well_usec)
+        await self._remember(unit, incident, now)
         if incident.plan:  # an attempt was made (one per incident, whatever its length)
             state = breaker.record_attempt(state, now, policy)
         if incident.result == "needs_human":
@@ -229,21 +227,15 @@ class Supervisor:
         logger.info("%s", incident.summary)
         return incident
 
-    def _tried(self, unit: str, now: int, window_usec: int) -> frozenset[str]:
-        tried = {plan: at for plan, at in self.tried.get(unit, {}).items()
-                 if now - at < window_usec}
-        self.tried[unit] = tried
-        return frozenset(tried)
-
-    def _remember(self, unit: str, incident: IncidentRecord, now: int) -> None:
+    async def _remember(self, unit: str, incident: IncidentRecord, now: int) -> None:
         """A plan beyond a plain restart that ran and did not heal."""
         if incident.result == "healed":
-            self.tried.pop(unit, None)
+            await self.store.forget_tried(unit)
             return
         tools = [s.tool for s in incident.plan]
         if tools and tools != ["unit_restart"] and \
                 any(s.outcome != "not_run" for s in incident.plan):
-            self.tried.setdefault(unit, {})[" → ".join(tools)] = now
+            await self.store.put_tried(unit, " → ".join(tools), now)
 
 
 def _protected(unit: str, trigger: str, detected_usec: int, now: int) -> IncidentRecord:
