@@ -14,8 +14,10 @@ calls ggml_backend_load, so runtimed picks the variant:
    tilerelease with the palette llama.cpp uses. Some hosts advertise AMX
    and then fault on ldtilecfg (virtual machines whose CPUID says more than
    the hypervisor grants): there, the grandchild dies, not runtimed.
-2. `choose()` takes the best-scoring variant, leaving out the AMX ones
-   unless AMX really worked.
+2. `choose()` takes the best-scoring variant, leaving out the AMX ones:
+   even where the probe's own tile code runs, llama.cpp's AMX kernels die
+   with SIGILL on their first tilezero (seen on an Intel Xeon with
+   amx_tile, amx_int8 and amx_bf16); the probe's verdict is reported.
 3. Each engine worker calls `ready()` with runtimed's choice before its
    first model: it loads that variant (ggml_backend_load). Anything else
    that uses llama_cpp in-process (`runtimed verify`, benchmarks, tests)
@@ -23,8 +25,7 @@ calls ggml_backend_load, so runtimed picks the variant:
 
 A llama-cpp-python built the default way (one native CPU backend linked
 in, no variants) still runs: there is nothing to choose, and where AMX is
-advertised but does not work, `activate()` turns off llama.cpp's extra
-buffer types (the AMX weight layout is one of them), which keeps it off the
+advertised, `activate()` turns off llama.cpp's extra buffer types (the AMX weight layout is one of them), which keeps it off the
 AMX path.
 
 `python -m syntrop.runtimed.cpu` (or `runtimed engine`) prints what was
@@ -47,7 +48,12 @@ from pathlib import Path
 from typing import Any
 
 #: Variants whose code uses AMX tiles (ggml's CPU_ALL_VARIANTS names).
+#: Never chosen: on a Xeon whose AMX passes the probe (the tile data
+#: granted, ldtilecfg and tilezero run), llama.cpp's AMX kernels still die
+#: with SIGILL on their first tilezero (a tile its thread never
+#: configured), so a host advertising AMX runs its best AVX-512 variant.
 AMX_VARIANTS = frozenset({"sapphirerapids"})
+AMX_REFUSED = "llama.cpp's AMX kernels fault here even where AMX works"
 #: A variant module: libggml-cpu-<name>.so.
 VARIANT = re.compile(r"^libggml-cpu-(?P<name>[A-Za-z0-9_.]+)\.so$")
 #: Seconds the probe may take (it opens ~14 small libraries).
@@ -201,8 +207,8 @@ def decide(lib: Path | None, cpuinfo: str, probed: dict[str, Any] | None) -> Cho
         else "not advertised")
     if not found:
         # One CPU backend linked in (pip's default build): keep it off the
-        # AMX path where AMX is advertised and does not work.
-        off = amx.advertised and not amx.works
+        # AMX path wherever AMX is advertised (see AMX_VARIANTS).
+        off = amx.advertised
         return Choice(build="single", lib=str(lib or ""), cpu=cpu, amx=amx, extra_bufts=not off,
                       reason="llama-cpp-python was built with one CPU backend "
                              "(scripts/build-engine builds one per feature level)")
@@ -213,7 +219,7 @@ def decide(lib: Path | None, cpuinfo: str, probed: dict[str, Any] | None) -> Cho
         return Choice(build="variants", lib=str(lib), cpu=cpu, amx=amx, variant=name,
                       scores={n: 0 for n in found},
                       reason="the probe failed; the baseline variant runs on any CPU")
-    chosen = choose(scores, amx.works)
+    chosen = choose(scores, False)
     if chosen is None:
         name = "x64" if "x64" in found else sorted(found)[0]
         return Choice(build="variants", lib=str(lib), cpu=cpu, amx=amx, variant=name,
@@ -221,7 +227,7 @@ def decide(lib: Path | None, cpuinfo: str, probed: dict[str, Any] | None) -> Cho
     best = choose(scores, True)
     reason = f"highest score ({scores[chosen]})"
     if best != chosen:
-        reason += f"; {best} left out: AMX {amx.detail}"
+        reason += f"; {best} left out: {AMX_REFUSED} (AMX {amx.detail})"
     return Choice(build="variants", lib=str(lib), cpu=cpu, amx=amx, variant=chosen,
                   scores=scores, reason=reason)
 

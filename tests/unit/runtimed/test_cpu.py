@@ -45,14 +45,19 @@ def test_an_intel_host_whose_amx_faults_gets_the_best_variant_without_it(tmp_pat
     assert "sapphirerapids left out" in choice.reason and "faults" in choice.reason
     assert choice.extra_bufts and choice.cpu.startswith("Intel(R) Xeon(R)")
     assert "zen4" in choice.describe() and "faults" in choice.describe()
+    # Where the probe's tile code runs, llama.cpp's AMX kernels still die
+    # (SIGILL on their first tilezero, seen on a Xeon): never chosen.
     working = dict(FAULTS, works=True, detail="works")
-    assert cpu.decide(lib, INTEL, {"scores": SCORES, "amx": working}).variant == "sapphirerapids"
+    choice = cpu.decide(lib, INTEL, {"scores": SCORES, "amx": working})
+    assert choice.variant == "zen4" and "sapphirerapids left out" in choice.reason
 
 
 def test_a_single_build_is_kept_off_the_amx_path_where_amx_faults(tmp_path: Path) -> None:
     choice = cpu.decide(tmp_path, INTEL, {"scores": {}, "amx": FAULTS})
     assert choice.build == "single" and choice.variant is None and choice.path is None
     assert not choice.extra_bufts
+    working = dict(FAULTS, works=True, detail="works")
+    assert not cpu.decide(tmp_path, INTEL, {"scores": {}, "amx": working}).extra_bufts
     quiet = {"advertised": False, "permitted": False, "works": False, "detail": "not advertised"}
     amd = cpu.decide(tmp_path, AMD, {"scores": {}, "amx": quiet})
     assert amd.build == "single" and amd.extra_bufts
@@ -93,8 +98,7 @@ def test_the_real_probe_comes_back_whole_even_when_amx_faults() -> None:
             or "could not" in choice.amx.detail
     if choice.build == "variants":
         assert choice.variant is not None
-        allowed = {n: s for n, s in choice.scores.items()
-                   if choice.amx.works or n not in cpu.AMX_VARIANTS}
+        allowed = {n: s for n, s in choice.scores.items() if n not in cpu.AMX_VARIANTS}
         assert choice.scores[choice.variant] == max(allowed.values())
         assert choice.scores[choice.variant] > 0
 
