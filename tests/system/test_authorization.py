@@ -7,12 +7,15 @@ Each refusal must be the interface's declared NotAuthorized naming the
 polkit action, and must change nothing: dbus.service is not frozen by a
 lease nobody took on it, no breaker is reset, no model is registered."""
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.system.instance import NOBODY, Instance, call_as
+from tests.unit.modeld.ggufs import write_tiny
 
 OPERATOR = "syntrop-op"
 
@@ -90,6 +93,7 @@ NOBODY_REFUSED = [
      "io.syntrop.model.manage"),
     ("Model1", "Pin", {"name": "nosuch"}, "io.syntrop.model.manage"),
     ("Model1", "Unpin", {"name": "nosuch"}, "io.syntrop.model.manage"),
+    ("Model1", "OpenModel", {"name": "nosuch"}, "io.syntrop.model.read"),
 ]
 
 
@@ -125,6 +129,49 @@ def test_nobody_may_lease_for_itself(authz: Instance) -> None:
         authz.call("io.syntrop.Inference1", "ReleaseLease", lease_id=lease)
 
 
+def lease_in_scope(instance: Instance, scope: str, unit: str) -> dict[str, Any]:
+    """AcquireLease(unit=...) as nobody, from a process in its own scope
+    under nobody's user slice (user.slice/user-65534.slice/SCOPE), as a
+    login session's process would be."""
+    import json
+
+    from tests.system.instance import RAW_CALL
+    out = instance.run([
+        "systemd-run", "--quiet", "--scope", f"--unit={scope}", "--slice=user-65534.slice",
+        "setpriv", *NOBODY, "/usr/bin/python3", "-c", RAW_CALL, "io.syntrop.Inference1",
+        "AcquireLease", json.dumps({**LEASE, "priority": "Batch", "unit": unit})],
+        timeout=60).stdout
+    return dict(json.loads(out))
+
+
+@pytest.mark.parametrize("unit", ["user.slice", "system.slice", "user-65534.slice"])
+def test_nobody_cannot_lease_a_slice_it_runs_in(authz: Instance, unit: str) -> None:
+    """A slice above the caller holds every other session of the host (and
+    root's): leasing it would let nobody freeze them all."""
+    reply = lease_in_scope(authz, f"reach-{unit.removesuffix('.slice')}.scope", unit)
+    assert refused(reply, "Inference1", "io.syntrop.inference.lease-others"), reply
+    leases = authz.call("io.syntrop.Inference1", "ListLeases")["leases"]
+    assert not [x for x in leases if x.get("client_unit") == unit], leases
+    for slice_ in ("user.slice", "system.slice", "user-65534.slice"):
+        assert authz.show(slice_, "FreezerState")["FreezerState"] == "running", slice_
+
+
+def test_a_lease_on_a_unit_with_no_cgroup_is_invalid(authz: Instance) -> None:
+    reply = lease_in_scope(authz, "reach-nosuch.scope", "nosuch-at-all.service")
+    assert reply.get("error") == "org.varlink.service.InvalidParameter", reply
+    assert reply.get("parameters") == {"parameter": "unit"}, reply
+
+
+def test_nobody_leases_its_own_scope(authz: Instance) -> None:
+    """The scope it runs in, holding only its own processes, is its own."""
+    reply = lease_in_scope(authz, "own-lease.scope", "own-lease.scope")
+    assert "error" not in reply, reply
+    lease = reply["parameters"]["lease_id"]
+    listed = [x["id"] for x in authz.call("io.syntrop.Inference1", "ListLeases")["leases"]]
+    if lease in listed:  # its process has exited: inferenced may have let it go
+        authz.call("io.syntrop.Inference1", "ReleaseLease", lease_id=lease)
+
+
 def test_someone_elses_lease_cannot_be_frozen_or_released(authz: Instance) -> None:
     lease = authz.call("io.syntrop.Inference1", "AcquireLease", **LEASE, priority="Batch",
                        unit="cron.service", pid=None)["lease_id"]
@@ -140,15 +187,13 @@ def test_someone_elses_lease_cannot_be_frozen_or_released(authz: Instance) -> No
 
 
 def test_an_operator_gets_the_operator_actions_and_no_more(authz: Instance) -> None:
-    """polkit's rule for the syntrop group: sentry's operator action passes
-    (the method then answers as it would for root); leasing for others,
+    """polkit's rule for the syntrop group: the operator actions pass (the
+    method then answers as it would for root); leasing for others,
     emergency leases and remediation tools stay an administrator's.
 
-    modeld and runtimed run as DynamicUser=: on this systemd their
-    processes cannot reach the system bus at all (any DynamicUser service's
-    Hello fails, "Transport endpoint is not connected"), so they cannot ask
-    polkit and refuse the operator too: refused, never allowed, when polkit
-    cannot be asked (docs/SECURITY.md)."""
+    modeld, runtimed and routerd run as the static syntrop user, which
+    reaches the system bus, so they can ask polkit (a DynamicUser process
+    cannot: docs/SECURITY.md)."""
     reset = as_user(authz, OPERATOR, "io.syntrop.Sentry1", "ResetBreaker", unit="cron.service")
     assert "error" not in reset, reset
     emergency = as_user(authz, OPERATOR, "io.syntrop.Inference1", "AcquireLease",
@@ -160,7 +205,33 @@ def test_an_operator_gets_the_operator_actions_and_no_more(authz: Instance) -> N
     tool = as_user(authz, OPERATOR, "io.syntrop.Tool1", "Execute", tool="unit_restart",
                    parameters={"unit": "cron.service"})
     assert refused(tool, "Tool1", "io.syntrop.tool.execute"), tool
-    pin = as_user(authz, OPERATOR, "io.syntrop.Model1", "Pin", name="nosuch")
-    assert refused(pin, "Model1", "io.syntrop.model.manage"), pin
-    log = authz.run(["journalctl", "-u", "modeld", "--no-pager", "-o", "cat"]).stdout
-    assert "polkit not asked" in log, log[-2000:]
+
+
+def test_an_operator_manages_models_the_runtime_and_the_router(
+        authz: Instance, tmp_path: Path) -> None:
+    """Register, Pin, OpenModel, Unpin, Remove; Unload; Reload and
+    TestProvider: each answers the operator as it answers root."""
+    model = "/srv/syntrop-operator.gguf"
+    write_tiny(tmp_path / "op.gguf", seed=11)
+    authz.run(["mkdir", "-p", "/srv"])
+    shutil.copyfile(tmp_path / "op.gguf", authz.host_path(model))
+    authz.run(["chmod", "0644", model])
+    steps: list[tuple[str, str, dict[str, Any]]] = [
+        ("Model1", "Register", {"name": "op-tiny", "path": model}),
+        ("Model1", "Pin", {"name": "op-tiny"}),
+        ("Model1", "OpenModel", {"name": "op-tiny"}),
+        ("Model1", "Unpin", {"name": "op-tiny"}),
+        ("Model1", "Prune", {"budget_bytes": 0, "dry_run": True}),
+        ("Model1", "Remove", {"name": "op-tiny"}),
+        ("Runtime1", "Unload", {}),
+        ("Router1", "Reload", {}),
+    ]
+    for interface, method, parameters in steps:
+        reply = as_user(authz, OPERATOR, f"io.syntrop.{interface}", method, **parameters)
+        assert "error" not in reply, (method, reply)
+    models = authz.call("io.syntrop.Model1", "List")["models"]
+    assert "op-tiny" not in [m["name"] for m in models], models
+    # The same file, from nobody: refused, and nothing stored.
+    reply = as_user(authz, "nobody", "io.syntrop.Model1", "Register", name="op-tiny",
+                    path=model)
+    assert refused(reply, "Model1", "io.syntrop.model.manage"), reply

@@ -1,5 +1,5 @@
 """modeld under a real systemd: the installed, sandboxed modeld.service
-(DynamicUser, PrivateNetwork, ProtectHome, ProtectProc=invisible,
+(User=syntrop, PrivateNetwork, ProtectHome, ProtectProc=invisible,
 MemoryDenyWriteExecute, SystemCallFilter) stores what `syn pull` on the host
 fetches from a loopback registry and hands it over through a pipe; imports
 a descriptor; passes a read-only descriptor back; refuses bad identifiers."""
@@ -79,7 +79,7 @@ def test_sandboxed_modeld_stores_a_pull_fed_from_the_host(
     result = syn(instance, tmp_path, "pull", str(local), "--name", "local")
     assert result.returncode == 0, result.stderr + instance.journal("modeld.service", 30)
     assert call(instance, "Show", name="local")["model"]["digest"] == local_digest  # type: ignore[index]
-    store = instance.run(["find", "/var/lib/private/syntrop/models", "-type", "f"]).stdout
+    store = instance.run(["find", "/var/lib/syntrop/models", "-type", "f"]).stdout
     assert f"blobs/sha256/{digest}" in store and f"blobs/sha256/{local_digest}" in store
     assert "by-name/tiny/q8_0.gguf" in store and "partial/" not in store
 

@@ -83,9 +83,10 @@ def program(instance: Instance, path: str, script: str) -> None:
 
 def snapshot(instance: Instance) -> dict[str, str]:
     """sha256 of every file under WATCHED (syntrop's own configuration and
-    DynamicUser caches aside: the tests and the daemons write those)."""
+    caches aside: the tests and the daemons write those)."""
     out = instance.run(["sh", "-c", "find " + " ".join(WATCHED) + " -xdev -type f "
                         "! -path '/etc/syntrop/*' ! -path '/var/cache/private/*' "
+                        "! -path '/var/cache/syntrop/*' "
                         "! -path '/etc/ld.so.cache' -print0 | xargs -0 -r sha256sum"],
                        timeout=120).stdout
     return {line[66:]: line[:64] for line in out.splitlines() if len(line) > 66}

@@ -157,9 +157,14 @@ def test_seed_settings_are_kept() -> None:
         "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
         "OOMScoreAdjust": "-800",
         "RestrictNamespaces": "yes",
-        "DynamicUser": "yes",
+        "User": "syntrop",
     }.items():
         assert one(routerd, "Service", key) == value, key
+    # The daemons that ask polkit run as a static user that reaches the bus.
+    for name in ("modeld", "runtimed", "routerd"):
+        unit = parse(UNITS / f"{name}.service")
+        assert one(unit, "Service", "User") == one(unit, "Service", "Group") == "syntrop"
+        assert "DynamicUser" not in unit.get("Service", {}), name
 
 
 # --- systemd-analyze -------------------------------------------------------------

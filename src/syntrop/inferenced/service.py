@@ -65,6 +65,18 @@ def _check_name(value: str | None, parameter: str) -> None:
         raise InvalidParameter(parameter=parameter)
 
 
+def _inside(mount: Path, unit: str, named: str, pid: int, uid: int) -> bool:
+    """Whether `unit` (cgroup `named`) is a service or scope that process
+    `pid` runs in, holding only processes of `uid`: never what contains the
+    caller from above (a slice holds other sessions)."""
+    if not unit.endswith((".service", ".scope")):
+        return False
+    mine = cgroup.cgroup_of_pid(pid)
+    if mine is None or not cgroup.contains(named, mine):
+        return False
+    return cgroup.uids_in(mount, named) <= {uid}
+
+
 class InferenceService(Inference1):
     """Discovers compute planes and leases them by priority."""
 
@@ -155,19 +167,24 @@ class InferenceService(Inference1):
 
     async def _check_claims(self, priority: str, unit: str | None, pid: int | None) -> None:
         """A lease freezes the cgroup it names when preempted: a caller may
-        name only itself, its own children, and the unit it runs in, unless
-        authorized to lease for others; EmergencyTriage preempts everyone
-        and is authorized apart."""
+        name only itself, its own children, and a service or scope it runs
+        in that holds no other user's processes; anything else (a slice, a
+        unit around other users) needs lease-others. EmergencyTriage
+        preempts everyone and is authorized apart. A unit with no cgroup
+        is refused outright: it would freeze whatever took its name later."""
         peer = current_peer()
         if priority == "EmergencyTriage" and not self._emergency_unit(peer.pid):
             await authz.authorize(authz.EMERGENCY, NotAuthorized)
+        named = None
+        if unit and self.mount is not None:
+            named = cgroup.unit_cgroup(self.mount, unit)
+            if named is None:
+                raise InvalidParameter(parameter="unit")
         if authz.privileged(peer):
             return
         own = pid is None or process.descends_from(pid, peer.pid)
-        if own and unit and self.mount is not None:
-            named = cgroup.unit_cgroup(self.mount, unit)
-            mine = cgroup.cgroup_of_pid(peer.pid)
-            own = named is None or (mine is not None and cgroup.contains(named, mine))
+        if own and unit and self.mount is not None and named is not None:
+            own = _inside(self.mount, unit, named, peer.pid, peer.uid)
         if not own:
             await authz.authorize(authz.LEASE_OTHERS, NotAuthorized)
 

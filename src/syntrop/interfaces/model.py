@@ -340,6 +340,8 @@ class Model1(Interface, name=NAME):
         sandboxed reader needs no access to the store. The blob counts as in
         use (not pruned, not removed) until the last copy of this
         descriptor is closed: keep it open while the model is loaded.
+        Root, modeld's own user (the suite's) and whom polkit grants
+        io.syntrop.model.read only.
 
         Parameters:
             name: name[:tag].

@@ -458,6 +458,9 @@ class ModelService(Model1):
 
     @implements
     async def OpenModel(self, *, name: str) -> OpenModelResult:
+        # Weights are not public: runtimed (the suite's own user), root, or
+        # whom polkit grants model.read (the syntrop group, by the rule).
+        await authz.authorize(authz.READ_MODELS, NotAuthorized)
         entry = self._entry(name)
         async with self.lock:
             try:

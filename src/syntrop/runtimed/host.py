@@ -537,7 +537,7 @@ class Host:
         except (EngineError, OSError, ValueError) as error:
             # The state is lost (a spill file removed or damaged): the
             # session goes on cold, and runtimed says so (NoPrefix).
-            logger.warning("session %s restored cold: %s", args["session"], error)
+            logger.warning("session %s restored cold: %s", sessions_mod.tag(args["session"]), error)
             engine.prefill(0, [])
             cold = True
         except BaseException:

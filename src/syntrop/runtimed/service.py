@@ -344,7 +344,8 @@ class RuntimeService(Runtime1):
             except WorkerGone:
                 return False  # its sessions are lost: _crashed freed the slot
             except Exception as error:
-                logger.warning("cannot spill session %s: %s", session.session_id, error)
+                logger.warning("cannot spill session %s: %s",
+                               sessions_mod.tag(session.session_id), error)
                 return False
             if seat.lost is not None:  # the worker died right after answering
                 for fd in fds:
@@ -355,10 +356,12 @@ class RuntimeService(Runtime1):
             try:
                 await asyncio.to_thread(self.spill.put, session.session_id, fds[0])
             except OSError as error:  # it comes back cold (NoPrefix)
-                logger.warning("spilled state of session %s lost: %s", session.session_id,
+                logger.warning("spilled state of session %s lost: %s",
+                               sessions_mod.tag(session.session_id),
                                error)
         where = "a file" if self.spill.on_disk(session.session_id) else "memory"
-        logger.info("spilled session %s (%d tokens, %d bytes) to %s", session.session_id,
+        logger.info("spilled session %s (%d tokens, %d bytes) to %s",
+                    sessions_mod.tag(session.session_id),
                     seat.spilled_tokens, int(result["bytes"]), where)
         return True
 
@@ -412,11 +415,11 @@ class RuntimeService(Runtime1):
         if result.get("cold"):
             # The state is lost (a spill file removed or damaged): the
             # session goes on cold, and says so (NoPrefix until EnsurePrefix).
-            logger.warning("session %s restored cold", session.session_id)
+            logger.warning("session %s restored cold", sessions_mod.tag(session.session_id))
             session.manifest = session.manifest_digest = None
             session.prefix_tokens = 0
         else:
-            logger.info("restored session %s (%d tokens)", session.session_id,
+            logger.info("restored session %s (%d tokens)", sessions_mod.tag(session.session_id),
                         seat.resident_tokens)
 
     # streams --------------------------------------------------------------------
@@ -511,9 +514,15 @@ class RuntimeService(Runtime1):
 
     # sessions -------------------------------------------------------------------
 
+    @staticmethod
+    def _may(uid: int) -> bool:
+        """Whether the caller may act on a session `uid` opened: its opener,
+        root, or runtimed itself. To anyone else it does not exist."""
+        return authz.privileged(current_peer(), uid)
+
     def _session(self, session_id: str) -> sessions_mod.Session[Seat]:
         try:
-            session = self.table.get(session_id)
+            session = self.table.get(session_id, self._may)
         except UnknownSession:
             raise SessionNotFound(session_id=session_id) from None
         except StaleSession as error:
@@ -575,7 +584,8 @@ class RuntimeService(Runtime1):
             resident = await self._hold(model)
             try:
                 for ended in self.table.fence(owner_instance_id, current_peer().uid):
-                    logger.info("session %s ended by a takeover", ended.session_id)
+                    logger.info("session %s ended by a takeover",
+                                sessions_mod.tag(ended.session_id))
                     with contextlib.suppress(EngineCrashed):  # gone with its worker
                         await self._free(ended)
                 await self._slot()
@@ -774,7 +784,7 @@ class RuntimeService(Runtime1):
     @implements
     async def Close(self, *, session_id: str) -> None:
         try:
-            session = self.table.remove(session_id)
+            session = self.table.remove(session_id, self._may)
         except UnknownSession:
             raise SessionNotFound(session_id=session_id) from None
         except StaleSession as error:

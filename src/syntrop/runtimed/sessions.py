@@ -13,7 +13,7 @@ Sessions opened under an older owner answer `StaleSession` from then on.
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -121,6 +121,12 @@ class Session(Generic[E]):
     uid: int = 0
 
 
+def tag(session_id: str) -> str:
+    """A session's name in logs: enough to tell sessions apart, never the
+    whole id (which, with the opener's uid, is what acts on it)."""
+    return session_id[:8] + "…"
+
+
 class SessionTable(Generic[E]):
     """Open sessions by id, and each uid's current owner epoch."""
 
@@ -130,7 +136,7 @@ class SessionTable(Generic[E]):
         self._sessions: dict[str, Session[E]] = {}
         # Ids of sessions ended by a takeover, so they answer StaleSession
         # rather than UnknownSession (bounded: oldest forgotten first).
-        self._stale: dict[str, str] = {}  # id → the owner that took over
+        self._stale: dict[str, tuple[str, int]] = {}  # id → (the owner that took over, uid)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -147,7 +153,7 @@ class SessionTable(Generic[E]):
         for session in ended:
             del self._sessions[session.session_id]
             session.closed = True
-            self._stale[session.session_id] = owner
+            self._stale[session.session_id] = (owner, uid)
         while len(self._stale) > 4 * self.limit:
             del self._stale[next(iter(self._stale))]
         return ended
@@ -159,23 +165,29 @@ class SessionTable(Generic[E]):
         self._sessions[session.session_id] = session
         return session
 
-    def get(self, session_id: str) -> Session[E]:
-        """The live session, or UnknownSession / StaleSession."""
+    def _find(self, session_id: str, may: Callable[[int], bool]) -> Session[E]:
+        """The live session, if `may` admits its uid; a session another uid
+        may not touch is UnknownSession, so its existence is not revealed."""
         session = self._sessions.get(session_id)
-        if session is None:
-            if session_id in self._stale:
-                raise StaleSession(session_id, self._stale[session_id])
-            raise UnknownSession(session_id)
+        if session is not None and may(session.uid):
+            return session
+        stale = self._stale.get(session_id)
+        if session is None and stale is not None and may(stale[1]):
+            raise StaleSession(session_id, stale[0])
+        raise UnknownSession(session_id)
+
+    def get(self, session_id: str, may: Callable[[int], bool] = lambda uid: True) -> Session[E]:
+        """The live session, or UnknownSession / StaleSession. `may`: whether
+        the caller may see a session of this uid."""
+        session = self._find(session_id, may)
         current = self.owners.get(session.uid, "")
         if session.owner != current:
             raise StaleSession(session_id, current)
         return session
 
-    def remove(self, session_id: str) -> Session[E]:
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            if session_id in self._stale:
-                raise StaleSession(session_id, self._stale[session_id])
-            raise UnknownSession(session_id)
+    def remove(self, session_id: str, may: Callable[[int], bool] = lambda uid: True,
+               ) -> Session[E]:
+        session = self._find(session_id, may)
+        del self._sessions[session_id]
         session.closed = True
         return session

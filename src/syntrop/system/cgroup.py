@@ -11,6 +11,7 @@ sleeping.
 import os
 import select
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from syntrop.system.process import read_text
@@ -116,6 +117,28 @@ def unit_cgroup(mount: Path, unit: str, *, max_depth: int = 4) -> str | None:
                 following.append(Path(entry.path))
         level = following
     return None
+
+
+def pids(mount: Path, group: str) -> Iterator[int]:
+    """The processes in cgroup `group` and every cgroup below it (those
+    that exit meanwhile may still be listed)."""
+    for directory, _, _ in os.walk(mount / group.lstrip("/")):
+        text = read_text(f"{directory}/cgroup.procs")
+        for line in (text or "").split():
+            yield int(line)
+
+
+def uids_in(mount: Path, group: str, *, proc: Path = Path("/proc")) -> set[int]:
+    """The real and effective uids of the processes in cgroup `group` and
+    below it."""
+    found: set[int] = set()
+    for pid in pids(mount, group):
+        status = read_text(f"{proc}/{pid}/status") or ""
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                found.update(int(uid) for uid in line.split()[1:3])
+                break
+    return found
 
 
 def contains(outer: str, inner: str) -> bool:

@@ -123,6 +123,25 @@ def contract_of(function: object) -> Callable[..., Any] | None:
     return typing.cast(Callable[..., Any] | None, getattr(function, _CONTRACT, None))
 
 
+def internal_error(interface: str) -> type[TypedVarlinkErrorReply]:
+    """The `InternalError` every contract declares last: what the server
+    answers when a method fails in a way it did not foresee, so that even
+    then the caller gets an error its interface names."""
+
+    class InternalError(TypedVarlinkErrorReply, interface=interface):
+        """The daemon failed in a way it did not foresee; its journal says
+        where and why.
+
+        Parameters:
+            method: The method that failed.
+        """
+
+        class Parameters:
+            method: str
+
+    return InternalError
+
+
 class Interface(VarlinkInterface, name="io.syntrop.Interface"):
     """Base of every syntrop contract and service class."""
 
@@ -132,6 +151,7 @@ class Interface(VarlinkInterface, name="io.syntrop.Interface"):
     def __init_subclass__(cls, *, name: str | None = None, **kwargs: Any) -> None:
         if name is not None:
             cls.name = name
+            cls.errors = (*cls.errors, internal_error(name))
         super().__init_subclass__(**kwargs)
         for attribute, value in list(vars(cls).items()):
             if not getattr(value, _IMPLEMENTS, False):

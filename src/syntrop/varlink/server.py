@@ -33,6 +33,7 @@ import errno
 import json
 import logging
 import os
+import re
 import resource
 import socket
 from collections.abc import Callable, Sequence
@@ -79,7 +80,32 @@ _ANCBUF = socket.CMSG_SPACE(_MAX_FDS_PER_MESSAGE * 4)
 #: oobstate for a conversion that must not meet a file descriptor: one that
 #: does raises ConversionError, and the caller retries with a real array.
 _NO_FDS: dict[Any, Any] = {}
-INTERNAL_ERROR = "io.syntrop.InternalError"
+#: A JSON escape of a UTF-16 surrogate: a message without one holds no lone
+#: surrogate, and its strings need no further look.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a string that UTF-8 cannot encode
+    (a lone surrogate, which JSON's escapes can spell)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def internal_error(method: str) -> VarlinkErrorReply:
+    """The InternalError of `method`'s interface (every contract declares
+    one: syntrop.varlink.contract.internal_error)."""
+    return GenericVarlinkErrorReply(f"{method.rpartition('.')[0]}.InternalError",
+                                    {"method": method})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +164,8 @@ class _Connection:
         )
         self.outbytes = 0
         self.task: asyncio.Task[None] | None = None
+        #: The method of the call being answered (one at a time).
+        self.method = ""
         self.current_more = False
         self.reading = False
         self.eof = False
@@ -318,7 +346,7 @@ class _Connection:
         except Exception:
             logger.exception("%s failed", call.method)
             if not call.oneway:
-                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+                self._send_error(internal_error(call.method))
         else:
             if not call.oneway:
                 self._send_result(signature, result)
@@ -342,8 +370,14 @@ class _Connection:
             fdarray = None
             release = _nothing
 
+        self.method = call.method
         try:
             method, signature, params = self._arguments(call, found, fdarray)
+            if _SURROGATE_ESCAPE.search(message) is not None:
+                lone = [name for name, value in call.parameters.items()
+                        if _has_lone_surrogate(value)]
+                if lone:
+                    raise InvalidParameter(parameter=lone[0])
         except VarlinkErrorReply as error:
             release()
             if not call.oneway:
@@ -399,7 +433,7 @@ class _Connection:
         except Exception:
             logger.exception("%s failed", call.method)
             if not call.oneway:
-                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+                self._send_error(internal_error(call.method))
         # Answered: the connection goes on now, in this loop iteration, not
         # from the task's done callback in the next one (a loop iteration
         # less per call; a lone client's lease pair pays five per call).
@@ -461,7 +495,7 @@ class _Connection:
             except ConversionError:
                 fdarray.release(sentinel)
                 logger.exception("reply does not match its declared type")
-                self._send_error(GenericVarlinkErrorReply(INTERNAL_ERROR))
+                self._send_error(internal_error(self.method))
                 return
             fds = [fd.fileno() for fd in fdarray]
 
@@ -480,7 +514,7 @@ class _Connection:
             reply = error.tojson()
         except ConversionError:
             logger.exception("error %s does not match its declared type", error.name)
-            reply = {"error": INTERNAL_ERROR}
+            reply = internal_error(self.method).tojson()
         self._write(reply, [], None)
 
     def _write(self, obj: dict[str, Any], fds: list[int], done: Callable[[], None] | None) -> None:
@@ -488,7 +522,13 @@ class _Connection:
             if done:
                 done()
             return
-        data = memoryview(_ENCODER.encode(obj).encode() + b"\0")
+        try:
+            encoded = _ENCODER.encode(obj).encode()
+        except UnicodeEncodeError:
+            # A lone surrogate that the reply echoes: escaped, the caller
+            # still gets its answer (UTF-8 cannot carry it as it is).
+            encoded = json.dumps(obj, separators=(",", ":")).encode()
+        data = memoryview(encoded + b"\0")
         if not self.outq:
             try:
                 sent = socket.send_fds(self.sock, [data], fds) if fds else self.sock.send(data)

@@ -84,6 +84,17 @@ class Probe1(Interface, name="io.syntrop.Probe1"):
     def Crash(self) -> None:
         """Raise an unexpected exception."""
 
+    @method(return_parameter="length")
+    def Length(self, *, text: str) -> int:  # type: ignore[empty-body]
+        """The length of a string.
+
+        Parameters:
+            text: Any string.
+
+        Returns:
+            length: Its code points.
+        """
+
     @method(return_parameter="n")
     def Later(self, *, upto: int) -> int:  # type: ignore[empty-body]
         """A method the service leaves unimplemented.
@@ -135,6 +146,10 @@ class Probe(Probe1):
     @implements
     def Crash(self) -> None:
         raise RuntimeError("/secret/path exploded")
+
+    @implements
+    def Length(self, *, text: str) -> int:
+        return len(text)
 
 
 class RawClient:
@@ -292,12 +307,36 @@ def test_boolean_where_a_number_belongs_is_invalid_parameter() -> None:
     run(main())
 
 
+def test_a_lone_surrogate_gets_an_answer() -> None:
+    """JSON can spell what UTF-8 cannot carry: a lone surrogate in a
+    parameter is InvalidParameter naming it, in our methods and in
+    org.varlink.service's alike. A pair is a character like any other."""
+    async def main() -> None:
+        server, path, _ = await serve()
+        client = await connect(path)
+        reply = await client.call("io.syntrop.Probe1.Length", text="a\ud800b")
+        assert reply == {"error": "org.varlink.service.InvalidParameter",
+                         "parameters": {"parameter": "text"}}
+        reply = await client.call("io.syntrop.Probe1.Length", text="a\ud83d\ude00")
+        assert reply == {"parameters": {"length": 2}}
+        reply = await client.call("org.varlink.service.GetInterfaceDescription",
+                                  interface="io.\udfff")
+        assert reply == {"error": "org.varlink.service.InvalidParameter",
+                         "parameters": {"parameter": "interface"}}
+        assert (await client.call("io.syntrop.Probe1.Who"))["parameters"]["uid"] == os.getuid()
+        client.sock.close()
+        await server.close()
+
+    run(main())
+
+
 def test_unexpected_exception_answers_generic_error_without_internals() -> None:
     async def main() -> None:
         server, path, _ = await serve()
         client = await connect(path)
         reply = await client.call("io.syntrop.Probe1.Crash")
-        assert reply == {"error": "io.syntrop.InternalError"}
+        assert reply == {"error": "io.syntrop.Probe1.InternalError",
+                         "parameters": {"method": "io.syntrop.Probe1.Crash"}}
         assert "secret" not in json.dumps(reply)
         assert (await client.call("io.syntrop.Probe1.Who"))["parameters"]["uid"] == os.getuid()
         client.sock.close()
