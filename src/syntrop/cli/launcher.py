@@ -23,6 +23,13 @@ Layout of a launcher directory DIR:
     DIR/launcher.pid             the launcher's pid
     DIR/status.json              per daemon: pid, starts, last exit status;
                                  routerd's HTTP addresses and bind failures
+
+As root on a cgroup v2 host, runtimed gets a cgroup of its own below the
+launcher's (syntrop-dev-PID-runtimed), which it is told is delegated to it
+(SYNTROP_DELEGATED=1, as runtimed.service's Delegate=yes does): each engine
+worker then gets a cgroup that inferenced can freeze, so an EmergencyTriage
+lease stops lower lanes for real in dev mode too. Elsewhere the workers
+share runtimed's cgroup, and a freeze is accounting only.
 """
 
 import asyncio
@@ -40,7 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from syntrop.system import process
+from syntrop.system import cgroup, process
 from syntrop.varlink.server import bind_unix
 
 #: prctl(2) option: the signal a process gets when its parent thread ends.
@@ -144,6 +151,8 @@ class _Slot:
     state: _State = field(default_factory=_State)
     #: More listening sockets passed after the Varlink one (routerd's HTTP).
     extra: list[socket.socket] = field(default_factory=list)
+    #: The cgroup delegated to the running daemon (mount, path), if any.
+    cgroup: tuple[Path, str] | None = None
 
 
 def _address(sock: socket.socket) -> str:
@@ -204,18 +213,20 @@ def daemon_environment(directory: Path, daemon: Daemon) -> dict[str, str]:
 
 def spawn_activated(
     argv: list[str], sock: socket.socket, env: dict[str, str], *, log: Path | None = None,
-    extra: list[socket.socket] | None = None,
+    extra: list[socket.socket] | None = None, procs: Path | None = None,
 ) -> int:
     """Start argv with `sock` as fd 3 (and `extra`, named "http", as fd 4
     on), the way systemd passes an Accept=no socket unit's descriptors.
     LISTEN_PID must be the new process's own pid, which only the child
-    knows: hence fork and exec rather than subprocess."""
+    knows: hence fork and exec rather than subprocess. `procs`: a cgroup's
+    cgroup.procs, which the child enters before it execs."""
     sockets = [sock, *(extra or ())]
     names = ":".join(["varlink"] + ["http"] * (len(sockets) - 1))
     environment = {**os.environ, **env, "LISTEN_FDS": str(len(sockets)),
                    "LISTEN_FDNAMES": names}
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     log_fd = os.open(log, flags, 0o644) if log else -1
+    procs_fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC) if procs else -1
     # The daemons die with their launcher (as a service's processes with
     # the service): none is left running if it crashes. Resolved before the
     # fork; the child only makes the call.
@@ -224,6 +235,8 @@ def spawn_activated(
     if pid == 0:  # pragma: no cover - the child only execs
         try:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if procs_fd >= 0:
+                os.write(procs_fd, b"0")  # this process, before it runs anything
             # The log first: it may itself be fd 3, which the socket replaces.
             if log_fd >= 0:
                 os.dup2(log_fd, 2)
@@ -237,9 +250,31 @@ def spawn_activated(
             os.execvpe(argv[0], argv, environment)
         finally:
             os._exit(127)
-    if log_fd >= 0:
-        os.close(log_fd)
+    for fd in (log_fd, procs_fd):
+        if fd >= 0:
+            os.close(fd)
     return pid
+
+
+def delegated_cgroup(name: str) -> tuple[Path, str] | None:
+    """As root on cgroup v2: cgroup `name` below the launcher's own, made
+    now (the mount and its path); else None."""
+    mount = cgroup.find_mount() if os.geteuid() == 0 else None
+    own = cgroup.cgroup_of_pid(os.getpid()) if mount is not None else None
+    if mount is None or own is None:
+        return None
+    try:
+        return mount, cgroup.make_child(mount, own, name)
+    except cgroup.CgroupError as error:
+        logger.info("no cgroup of its own for %s: %s", name, error)
+        return None
+
+
+def remove_cgroup_tree(mount: Path, path: str) -> None:
+    """Remove cgroup `path` and the cgroups below it that are empty."""
+    for directory, _, _ in os.walk(mount / path.lstrip("/"), topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 class Launcher:
@@ -281,9 +316,16 @@ class Launcher:
         env = daemon_environment(self.directory, daemon)
         env["SYNTROP_IDLE_TIMEOUT"] = str(self.idle_timeout)
         argv = [sys.executable, "-m", daemon.module]
+        procs = None
+        if daemon.program == "runtimed":
+            slot.cgroup = delegated_cgroup(f"syntrop-dev-{os.getpid()}-runtimed")
+            if slot.cgroup is not None:
+                mount, path = slot.cgroup
+                procs = mount / path.lstrip("/") / "cgroup.procs"
+                env["SYNTROP_DELEGATED"] = "1"
         pid = spawn_activated(
             argv, slot.sock, env, log=self.directory / "log" / f"{daemon.program}.log",
-            extra=slot.extra,
+            extra=slot.extra, procs=procs,
         )
         slot.state.pid = pid
         slot.state.starts += 1
@@ -304,6 +346,9 @@ class Launcher:
                            else "unknown")
         else:
             logger.info("%s exited with %d", slot.daemon.program, code)
+        if slot.cgroup is not None:
+            remove_cgroup_tree(*slot.cgroup)
+            slot.cgroup = None
         if not self.stopped.is_set():
             self._watch(slot)
         self._write_status()
@@ -336,6 +381,8 @@ class Launcher:
                     with contextlib.suppress(OSError):
                         os.unlink(where)
             (self.directory / "run" / slot.daemon.interface).unlink(missing_ok=True)
+            if slot.cgroup is not None:
+                remove_cgroup_tree(*slot.cgroup)
         self._write_status()
 
 
