@@ -11,15 +11,25 @@ directory the way `syn up` starts them:
    ends: the daemon's RSS must stay under its idle RSS plus the per-uid cap
    (32 MiB) plus 16 MiB of slack, and the connections past the cap closed;
 3. 100 slowloris connections per daemon (a byte every second, never the
-   NUL): all closed within the partial-message timeout (30 s) plus 5 s.
+   NUL): all closed within the partial-message timeout (30 s) plus 5 s;
+4. routerd's HTTP ingress, first of all (so that its peak RSS is theirs):
+   --http-rounds rounds of hostile HTTP requests of up to 1 MiB each
+   (bodies over the cap, declared or chunked; JSON nested 100,000 deep;
+   fields of the wrong type; a body declared text/plain; a 1 MB prompt;
+   1 MiB of small JSON values; bytes that are not UTF-8; an oversized
+   head): each must get its 4xx, /health must still answer, and routerd's
+   peak RSS (VmHWM, start-up included) must stay within 24 MiB, its
+   unit's MemoryHigh.
 
 Prints one line per daemon and check; exits 1 if any check failed. Not in
 CI's budget (about two minutes):
 
     python -m bench.abuse [--messages 100000] [--only modeld routerd]
+    python -m bench.abuse --only routerd --http-only
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -32,6 +42,22 @@ from pathlib import Path
 
 MiB = 1 << 20
 PER_UID_CAP = 32 * MiB
+#: routerd's unit: MemoryHigh=24M.
+ROUTERD_HIGH = 24 * MiB
+#: Its configuration here: one provider (never reached: every request
+#: below is refused before routing) for the context window's check.
+ROUTERD_CONFIG = """
+[http]
+listen = []
+max_body_bytes = 1048576
+
+[[providers]]
+id = "nowhere"
+kind = "openai"
+endpoint = "http://127.0.0.1:9/v1"
+models = ["m"]
+context_window = 32768
+"""
 PARTIAL_TIMEOUT = 30.0
 GETINFO = b'{"method":"org.varlink.service.GetInfo"}\0'
 
@@ -195,12 +221,100 @@ def slowloris(paths: dict[str, str], per_daemon: int = 100) -> dict[str, tuple[i
     return result
 
 
+def _chat(**fields: object) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       **fields}).encode()
+
+
+def _post(body: bytes, content_type: bytes = b"application/json") -> bytes:
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: %s\r\n"
+            b"content-length: %d\r\n\r\n%s" % (content_type, len(body), body))
+
+
+def http_cases() -> list[tuple[str, bytes, int]]:
+    """(name, bytes sent, status expected): hostile requests of up to 1 MiB."""
+    deep = 100_000
+    chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+    many = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0, "x": [' + \
+        b"1.5," * 250_000 + b"1.5]}"
+    return [
+        ("declared 16 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+         b"content-length: 16777216\r\n\r\n", 413),
+        ("chunked 2 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+         b"transfer-encoding: chunked\r\n\r\n" + chunk * 32, 413),
+        ("array 100,000 deep", _post(b"[" * deep + b"]" * deep), 400),
+        ("field 500,000 deep", _post(b'{"model": "m", "x": ' + b"[" * 500_000 +
+                                     b"]" * 500_000 + b"}"), 400),
+        ("stop an object", _post(_chat(stop={"a": 1})), 400),
+        ("content a number", _post(json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": 5}]}).encode()), 400),
+        ("text/plain", _post(_chat(), b"text/plain"), 415),
+        ("1 MB prompt", _post(json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": "a" * 1_000_000}]}).encode()), 400),
+        ("1 MiB of small values", _post(many), 400),
+        ("1 MiB of messages", _post(_chat(messages=[{"role": "user", "content": "x"}] * 25_000,
+                                          n=0)), 400),
+        ("1 MiB not UTF-8", _post(b"\xff" * 1_000_000), 400),
+        ("head of 20 KiB", b"GET /health HTTP/1.1\r\nx: " + b"a" * 20_000 + b"\r\n\r\n", 431),
+    ]
+
+
+def http_exchange(port: int, data: bytes) -> int:
+    """Send `data` (as far as routerd takes it), read its answer: the
+    status, or 0 when the connection closed without one."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        answer = b""
+        with contextlib.suppress(OSError):  # refused before the whole of it was sent
+            sock.sendall(data)
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer:
+                got = sock.recv(65536)
+                if not got:
+                    break
+                answer += got
+    parts = answer.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def http_abuse(port: int, pid: int, rounds: int) -> bool:
+    """routerd's HTTP cases, `rounds` times each; prints and returns
+    whether every answer was right and the peak RSS within ROUTERD_HIGH."""
+    while http_exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n") != 200:
+        time.sleep(0.1)
+    idle, peak = rss_mib(pid), peak_rss_mib(pid)
+    cases, wrong = http_cases(), []
+    for _ in range(rounds):
+        for name, data, expected in cases:
+            got = http_exchange(port, data)
+            if got != expected:
+                wrong.append(f"{name}: {got} (not {expected})")
+    alive = http_exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n") == 200
+    after, high = rss_mib(pid), peak_rss_mib(pid)
+    ok = alive and not wrong and high <= ROUTERD_HIGH / MiB
+    print(f"{'routerd':15} {rounds} x {len(cases)} hostile HTTP requests: "
+          f"{len(wrong)} wrong answers{': ' + '; '.join(sorted(set(wrong))) if wrong else ''}; "
+          f"RSS {idle:.1f} → {after:.1f} MiB, peak (VmHWM) {peak:.1f} → {high:.1f} MiB "
+          f"(limit {ROUTERD_HIGH / MiB:.0f}); "
+          f"{'still answers' if alive else 'DEAD'}: {'ok' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
 def main() -> None:
     from syntrop.cli.launcher import DAEMONS, daemon_environment, spawn_activated
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--only", nargs="*", default=[d.program for d in DAEMONS])
+    parser.add_argument("--http-rounds", type=int, default=10)
+    parser.add_argument("--http-only", action="store_true",
+                        help="routerd's HTTP cases only (with --only routerd)")
     args = parser.parse_args()
     failed = False
     with tempfile.TemporaryDirectory() as scratch:
@@ -209,6 +323,7 @@ def main() -> None:
         pids: dict[str, int] = {}
         paths: dict[str, str] = {}
         interfaces: dict[str, str] = {}
+        http_port = 0
         for daemon in DAEMONS:
             if daemon.program not in args.only:
                 continue
@@ -217,12 +332,23 @@ def main() -> None:
             listener.bind(path)
             listener.listen(4096)
             env = {**daemon_environment(root, daemon), "SYNTROP_IDLE_TIMEOUT": "0"}
+            extra = []
+            if daemon.program == "routerd":  # its HTTP ingress, as routerd.socket passes it
+                (root / "config" / "routerd.toml").write_text(ROUTERD_CONFIG)
+                extra = [socket.create_server(("127.0.0.1", 0), backlog=128)]
+                http_port = extra[0].getsockname()[1]
             pids[daemon.program] = spawn_activated(
                 [sys.executable, "-m", daemon.module], listener, env,
-                log=root / f"{daemon.program}.log")
+                log=root / f"{daemon.program}.log", extra=extra)
             listener.close()
+            for sock in extra:
+                sock.close()
             paths[daemon.program], interfaces[daemon.program] = path, daemon.interface
         try:
+            if "routerd" in pids:
+                failed |= not http_abuse(http_port, pids["routerd"], args.http_rounds)
+            if args.http_only:
+                paths = {}
             for name, path in paths.items():
                 deadline = time.monotonic() + 60
                 while not answers(path) and time.monotonic() < deadline:
@@ -244,7 +370,7 @@ def main() -> None:
                 print(f"{name:15} 20 x 15 MiB unfinished: RSS {idle:.1f} → peak {peak:.1f} MiB "
                       f"(limit {limit:.1f}), {cut} connections cut: {'ok' if ok else 'FAILED'}",
                       flush=True)
-            for name, (still, took) in slowloris(paths).items():
+            for name, (still, took) in (slowloris(paths) if paths else {}).items():
                 ok = still == 0
                 failed |= not ok
                 print(f"{name:15} 100 slowloris connections: {still} still open, all closed "

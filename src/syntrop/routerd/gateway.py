@@ -17,11 +17,13 @@ from syntrop.routerd import scoring
 from syntrop.routerd.affinity import Affinity
 from syntrop.routerd.api import (
     ENDPOINTS,
+    PROMPT_FIELDS,
     BadRequest,
     Response,
     check,
     error,
     ok,
+    parse,
     prompt_tokens,
     served_by,
 )
@@ -388,7 +390,19 @@ class Gateway:
         key = (provider, outcome)
         self.attempts[key] = self.attempts.get(key, 0) + 1
 
-    async def _usable(self, model: str, tokens: int, deadline: float,
+    def _too_long(self, endpoint: str, model: str, tokens: int,
+                  forwarded: bool) -> Response | None:
+        """400 when providers serve `model` but the prompt (estimated at
+        four characters a token) is over every one's context window."""
+        serving = {s.provider for s in self.route(model, None, forwarded=forwarded)}
+        windows = [p.context_window for p in self.effective() if p.id in serving]
+        if not windows or tokens <= max(windows):
+            return None
+        return error(400, f"this model's maximum context length is {max(windows)} tokens; "
+                     f"the prompt is about {tokens} (estimated at four characters a token)",
+                     "context_length_exceeded", PROMPT_FIELDS.get(endpoint, "messages"))
+
+    async def _usable(self, endpoint: str, model: str, tokens: int, deadline: float,
                       chain: Sequence[tuple[str, int]] = (), forwarded: bool = False,
                       ) -> list[scoring.Scored] | Response:
         """The candidates a breaker lets through, best first. When every
@@ -397,6 +411,8 @@ class Gateway:
         while True:
             now = time.monotonic()
             scored = self.route(model, tokens, now, chain, forwarded)
+            if not scored and (too_long := self._too_long(endpoint, model, tokens, forwarded)):
+                return too_long
             if not scored and await self.rediscover():
                 continue  # pulled since the last look, perhaps
             if not scored:
@@ -451,13 +467,10 @@ class Gateway:
             return error(405, "use POST")
         self.requests_total += 1
         try:
-            request = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return error(400, "the request body is not valid JSON", "invalid_json")
-        try:
+            request = parse(body)
             check(endpoint, request)
         except BadRequest as bad:
-            return error(400, str(bad), "invalid_value", bad.param)
+            return error(400, str(bad), bad.code, bad.param)
         model = request.get("model") or self.default_model()
         if model is None:
             self.routing_errors += 1
@@ -473,8 +486,8 @@ class Gateway:
         stream = None
         try:
             chain = self.chain(endpoint, request, model)
-            candidates = await self._usable(model, prompt_tokens(endpoint, request), deadline,
-                                            chain, forwarded)
+            candidates = await self._usable(endpoint, model, prompt_tokens(endpoint, request),
+                                            deadline, chain, forwarded)
             if isinstance(candidates, Response):
                 return candidates
             if not request.get("stream"):

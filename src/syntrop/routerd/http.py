@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Any
 
-from syntrop.routerd.api import Response, error, unauthorized
+from syntrop.routerd.api import Response, error, unauthorized, unsupported_media
 from syntrop.routerd.config import Config, parse_address
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.queues import TRIAGE, USER
@@ -242,6 +242,13 @@ class HTTPServer:
                 traffic, forwarded = _marks(request)
                 if self.config.api_keys and not self._authorized(request, writer):
                     await self._send(writer, unauthorized(), close, request)
+                    if close:
+                        break
+                    continue
+                refused = unsupported_media(request.header(b"content-type")) \
+                    if request.method == b"POST" else None
+                if refused is not None:
+                    await self._send(writer, refused, close, request)
                     if close:
                         break
                     continue

@@ -20,7 +20,8 @@ Headers = list[tuple[bytes, bytes]]
 #: The reason phrases routerd answers with (a missing one is sent empty).
 REASONS = {100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
            404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-           413: b"Content Too Large", 431: b"Request Header Fields Too Large",
+           413: b"Content Too Large", 415: b"Unsupported Media Type",
+           431: b"Request Header Fields Too Large",
            502: b"Bad Gateway", 503: b"Service Unavailable", 504: b"Gateway Timeout"}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
@@ -61,8 +62,8 @@ class RequestReader:
     have been taken. `close()` when the connection ends: the parser and
     this reader refer to each other, and would wait for the cyclic GC."""
 
-    __slots__ = ("_body", "_failure", "_head_bytes", "_headers", "_parser", "_size",
-                 "_upgraded", "_url", "expects_continue", "head_done", "in_message",
+    __slots__ = ("_body", "_failure", "_head_bytes", "_head_parts", "_headers", "_parser",
+                 "_size", "_upgraded", "_url", "expects_continue", "head_done", "in_message",
                  "max_body", "max_head", "ready")
 
     def __init__(self, max_head: int, max_body: int) -> None:
@@ -78,6 +79,8 @@ class RequestReader:
         self._failure: BadMessage | None = None
         self._upgraded = False
         self._head_bytes = 0
+        #: The current head's URL and headers so far, in bytes.
+        self._head_parts = 0
         self._url: list[bytes] = []
         self._headers: Headers = []
         self._body: list[bytes] = []
@@ -87,6 +90,8 @@ class RequestReader:
     def close(self) -> None:
         self._parser = None
         self._upgraded = True  # nothing more is read
+        if self._failure is not None:  # its traceback's frames refer to this reader
+            self._failure.__traceback__ = None
 
     @property
     def closed(self) -> bool:
@@ -119,12 +124,22 @@ class RequestReader:
 
     def on_message_begin(self) -> None:
         self.in_message = True
+        self._head_parts = 0
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
+        self._head_size(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
+        self._head_size(len(name) + len(value) + 4)
+
+    def _head_size(self, more: int) -> None:
+        """Count a head's parts: one read may hold a whole head, over
+        `max_head` or not, before `feed` can look."""
+        self._head_parts += more
+        if self._head_parts > self.max_head:
+            raise BadMessage(431, f"the request head is over {self.max_head} bytes")
 
     def on_headers_complete(self) -> None:
         self.head_done = True
