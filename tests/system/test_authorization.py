@@ -158,7 +158,7 @@ def test_nobody_cannot_lease_a_slice_it_runs_in(authz: Instance, unit: str) -> N
 
 def test_a_lease_on_a_unit_with_no_cgroup_is_invalid(authz: Instance) -> None:
     reply = lease_in_scope(authz, "reach-nosuch.scope", "nosuch-at-all.service")
-    assert reply.get("error") == "org.varlink.service.InvalidParameter", reply
+    assert reply.get("error") == "io.syntrop.Inference1.InvalidParameter", reply
     assert reply.get("parameters") == {"parameter": "unit"}, reply
 
 
@@ -174,7 +174,7 @@ def test_nobody_leases_its_own_scope(authz: Instance) -> None:
 
 def test_someone_elses_lease_cannot_be_frozen_or_released(authz: Instance) -> None:
     lease = authz.call("io.syntrop.Inference1", "AcquireLease", **LEASE, priority="Batch",
-                       unit="cron.service", pid=None)["lease_id"]
+                       unit="dbus.service", pid=None)["lease_id"]
     try:
         for method in ("Freeze", "ReleaseLease", "Yield"):
             reply = as_user(authz, "nobody", "io.syntrop.Inference1", method, lease_id=lease)
@@ -228,7 +228,8 @@ def test_an_operator_manages_models_the_runtime_and_the_router(
     ]
     for interface, method, parameters in steps:
         reply = as_user(authz, OPERATOR, f"io.syntrop.{interface}", method, **parameters)
-        assert "error" not in reply, (method, reply)
+        assert "error" not in reply, (method, reply, authz.journal("modeld.service", 20),
+                                      authz.journal("polkit.service", 20))
     models = authz.call("io.syntrop.Model1", "List")["models"]
     assert "op-tiny" not in [m["name"] for m in models], models
     # The same file, from nobody: refused, and nothing stored.

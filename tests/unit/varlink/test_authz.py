@@ -75,3 +75,21 @@ def test_a_caller_without_a_pid_is_refused_without_asking(
         finally:
             reset_current(token)
     assert asyncio.run(run()) is False
+
+
+def test_every_action_is_declared_and_the_operator_rule_names_only_declared_ones() -> None:
+    """polkit refuses an action its policy does not declare, whatever the
+    rules say: each action the daemons ask about is in io.syntrop.policy,
+    and 50-syntrop.rules grants only declared ones."""
+    import re
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    polkit = Path(__file__).resolve().parents[3] / "polkit"
+    declared = {a.get("id") for a in ET.parse(polkit / "io.syntrop.policy").iter("action")}
+    asked = {value for name, value in vars(authz).items()
+             if name.isupper() and isinstance(value, str) and value.startswith("io.syntrop.")}
+    assert asked and asked <= declared, asked - declared
+    rules = (polkit / "50-syntrop.rules").read_text()
+    granted = set(re.findall(r"\"(io\.syntrop\.[a-z.-]+)\"", rules))
+    assert granted and granted <= declared, granted - declared
