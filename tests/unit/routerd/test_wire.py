@@ -2,6 +2,8 @@
 they arrive, in any pieces, against what h11 (another implementation) makes
 of the same bytes; the caps; what routerd writes."""
 
+import itertools
+
 import h11
 import pytest
 from hypothesis import given
@@ -25,7 +27,7 @@ GET_CLOSE = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
 
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def _h11_requests(data: bytes) -> list[tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]]:
@@ -106,6 +108,31 @@ def test_a_long_head_is_431_even_before_its_end() -> None:
     within = RequestReader(1024, 1 << 20)
     within.feed(b"GET / HTTP/1.1\r\nx-long: " + b"a" * 900 + b"\r\n\r\n")
     assert within.failure() is None and len(within.ready) == 1
+
+
+
+def test_a_whole_long_head_in_one_read_is_431() -> None:
+    reader = RequestReader(1024, 1 << 20)
+    reader.feed(b"GET / HTTP/1.1\r\nx-long: " + b"a" * 2000 + b"\r\n\r\n")
+    failure = reader.failure()
+    assert failure is not None and failure.status == 431
+    assert not reader.ready
+    # The count starts again with each request of a connection.
+    many = RequestReader(1024, 1 << 20)
+    many.feed(b"GET / HTTP/1.1\r\nx: " + b"a" * 600 + b"\r\n\r\n" * 1 +
+              b"GET / HTTP/1.1\r\nx: " + b"a" * 600 + b"\r\n\r\n")
+    assert many.failure() is None and len(many.ready) == 2
+
+
+def test_a_refused_reader_lets_go_of_its_failures_traceback() -> None:
+    """The traceback's frames refer to the reader (and, raised on, to the
+    connection's buffers): kept, they would wait for the cyclic GC."""
+    reader = RequestReader(16384, 5)
+    reader.feed(CHUNKED)
+    failure = reader.failure()
+    assert failure is not None and failure.__traceback__ is not None
+    reader.close()
+    assert failure.__traceback__ is None
 
 
 def test_a_body_over_the_cap_is_413_from_its_length_or_its_chunks() -> None:
