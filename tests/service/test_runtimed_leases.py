@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import varlink
 
+from syntrop.runtimed.residency import OTHERS_NICE
 from tests.models import model_node, require_llama, smollm2
 from tests.support import Activated, activated
 
@@ -32,6 +33,12 @@ def generate(runtimed: Activated, **extra: Any) -> list[dict[str, Any]]:
     with varlink.Client(address=runtimed.address) as client, client.open(RUNTIME) as proxy:
         return list(proxy.Complete(model="smollm2", prompt="One, two,", _more=True,
                                    sampling={"max_tokens": 2, "temperature": 0}, **extra))
+
+
+def nice(pid: int) -> int:
+    """A process's nice value (field 19 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[16])
 
 
 def leases(inferenced: Activated) -> list[dict[str, Any]]:
@@ -64,6 +71,8 @@ def test_a_resident_model_holds_a_lease_of_its_real_need(node: dict[str, Activat
     assert by_pid[triage["pid"]]["priority"] == "EmergencyTriage"
     # A single context: it needs less than the main worker's four.
     assert by_pid[triage["pid"]]["allocated_memory"] < lease["allocated_memory"]
+    # The triage worker outweighs the others for the CPU: they run nicer.
+    assert nice(triage["pid"]) + OTHERS_NICE == nice(worker["pid"])
     with pytest.raises(varlink.VarlinkError) as caught:
         generate(node["runtimed"], priority="Urgent")
     assert caught.value.error() == "org.varlink.service.InvalidParameter"

@@ -25,8 +25,8 @@ calls ggml_backend_load, so runtimed picks the variant:
 
 A llama-cpp-python built the default way (one native CPU backend linked
 in, no variants) still runs: there is nothing to choose, and where AMX is
-advertised, `activate()` turns off llama.cpp's extra buffer types (the AMX weight layout is one of them), which keeps it off the
-AMX path.
+advertised, `activate()` turns off llama.cpp's extra buffer types (the
+AMX weight layout is one of them), which keeps it off the AMX path.
 
 `python -m syntrop.runtimed.cpu` (or `runtimed engine`) prints what was
 found and chosen. Nothing here imports llama_cpp except `activate()`.

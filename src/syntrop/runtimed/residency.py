@@ -63,6 +63,13 @@ BACKOFF_MAX = 10.0
 TRIAGE = " (triage)"
 
 
+#: How much nicer than the triage lane's worker every other worker runs: a
+#: weight of 335 against 1024 (the kernel's table), so a triage decode gets
+#: about three times their share of a busy core, without any privilege (a
+#: process may always lower its own priority, never raise it).
+OTHERS_NICE = 5
+
+
 def key(name: str, triage: bool = False) -> str:
     """The residency key of a model's worker in a lane."""
     return name + TRIAGE if triage else name
@@ -321,7 +328,9 @@ class Residency:
         free = threads_now()
         settings = {"layout": self.config.layout, "slots": slots,
                     "cpus": min(self.config.n_threads, free) if self.config.n_threads else free,
-                    "instances": self.config.instances}
+                    "instances": self.config.instances,
+                    # The triage lane outweighs every other worker for the CPU.
+                    "nice": 0 if lane_of(name)[1] else OTHERS_NICE}
         try:
             return await Worker.start(name, settings=settings, engine=choice.to_json(),
                                       board=self._board, cell=cell, on_exit=self._exited)

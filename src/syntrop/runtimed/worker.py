@@ -98,6 +98,7 @@ def _die_with_parent(parent: int) -> None:
 def main() -> None:
     settings = json.loads(os.environ["SYNTROP_WORKER"])
     _die_with_parent(int(settings["parent"]))
+    os.nice(int(settings.get("nice", 0)))  # residency.OTHERS_NICE: below triage
     from syntrop.system import logging as syslog
 
     syslog.setup(f"runtimed[{settings['model']}]")
