@@ -94,8 +94,14 @@ def decide(daemon: Activated) -> dict[str, Any]:
 
 
 def kept(detail: str) -> int:
-    """The prefix tokens the session kept for this incident."""
+    """The prefix tokens the session kept for this incident (PrefillSuffix)."""
     return int(detail.split(" prefix tokens kept")[0].rsplit("(", 1)[1])
+
+
+def reused(detail: str) -> tuple[int, int]:
+    """EnsurePrefix's reused and prefilled tokens before the incident's turn."""
+    words = detail.split(" prefix tokens reused, ")
+    return int(words[0].rsplit(" ", 1)[1]), int(words[1].split(" ", 1)[0])
 
 
 def test_sentry_decides_in_a_warm_session_reopened_after_a_restart(root: Path) -> None:
@@ -113,12 +119,15 @@ def test_sentry_decides_in_a_warm_session_reopened_after_a_restart(root: Path) -
             assert kept(one["detail"]) > 0 and kept(two["detail"]) == kept(one["detail"]), (
                 one, two)
             assert "reopened" not in one["detail"] + two["detail"]
+            # The prefix was resident before each: all of it reused, none prefilled.
+            assert reused(one["detail"]) == reused(two["detail"]) == (kept(one["detail"]), 0)
             assert sessions(runtime) == 1
             first.close()  # runtimed goes, and its session with it
             with activated("runtimed", root) as again:
                 wait_for_session(again)  # sentry saw it and opened a new one
                 three = decide(daemon)
                 assert kept(three["detail"]) == kept(one["detail"]), three
+                assert reused(three["detail"]) == (kept(one["detail"]), 0), three
                 assert sessions(again) == 1
             print(f"\nwarm decides {one['ms']:.0f} ms, {two['ms']:.0f} ms; after a "
                   f"restart {three['ms']:.0f} ms: {two['detail']}")

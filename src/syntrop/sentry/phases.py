@@ -72,14 +72,16 @@ class Live:
         return 0 if self._partial is None else self._partial[1]
 
     async def ready(self) -> str:
-        """The warm session, open with its prefix (reopened once if the last
-        attempt failed); what it holds, in words."""
+        """The warm session with its prefix resident (EnsurePrefix again:
+        every token reused, a spilled session brought back), reopened once
+        if it is gone; what it holds, in words."""
         assert self.warm is not None
         try:
-            opened = await self.warm.ready()
+            opened, reused, prefilled = await self.warm.ensure()
         except Exception as error:
             raise RuntimeError(f"no triage session: {type(error).__name__}: {error}") from None
-        return f"session of {opened.model} with {opened.prefix_tokens} prefix tokens"
+        return (f"session of {opened.model}: {reused} prefix tokens reused, "
+                f"{prefilled} prefilled")
 
     def progress(self) -> str:
         """What the model had answered when its decision was cut off."""
@@ -304,7 +306,8 @@ class Live:
         again = ", reopened" if answer.reopened else ""
         return answer.text, answer.tokens, (
             f"session{again} ({answer.prefix_tokens} prefix tokens kept, "
-            f"{answer.suffix_tokens} prefilled)")
+            f"{answer.suffix_tokens} prefilled in {answer.prefill_s * 1e3:.0f} ms, decoded in "
+            f"{answer.decode_s * 1e3:.0f} ms)")
 
     async def chat(self, messages: list[tuple[str, str]],
                    schema: dict[str, Any]) -> tuple[str, int]:

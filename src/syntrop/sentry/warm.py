@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,8 @@ class Opened:
 
     session_id: str
     model: str
+    #: The prefix as given to EnsurePrefix, and its cache key.
+    text: str
     manifest: Any  # interfaces.runtime.ContextManifest
     prefix_tokens: int
     #: EnsurePrefix's reused tokens when it was opened (0: cold).
@@ -81,6 +84,9 @@ class Answer:
     suffix_tokens: int
     #: Whether the session had to be reopened for it.
     reopened: bool
+    #: Seconds PrefillSuffix took, and Decode.
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 class WarmSession:
@@ -150,12 +156,37 @@ class WarmSession:
                     await runtime.Close(session_id=session_id)
                 raise
         self.opened += 1
-        opened = Opened(session_id=session_id, model=model, manifest=manifest,
+        opened = Opened(session_id=session_id, model=model, text=text, manifest=manifest,
                         prefix_tokens=int(_get(status, "prefix_tokens")),
                         reused_tokens=int(_get(status, "reused_tokens")))
         logger.info("triage session %s on %s: %d prefix tokens", session_id, model,
                     opened.prefix_tokens)
         return opened
+
+    async def ensure(self) -> tuple[Opened, int, int]:
+        """The session with its prefix resident: EnsurePrefix with the same
+        text again, which keeps every resident token (and brings back a
+        session runtimed spilled), before an incident's budget starts. A
+        session found gone is reopened once. Returns it, and the tokens
+        reused and prefilled."""
+        async with self._lock:
+            opened = await self.ready()
+            try:
+                status = await self._ensure(opened)
+            except Exception as error:
+                if not gone(error):
+                    raise
+                logger.info("triage session %s gone (%s): reopening", opened.session_id,
+                            error)
+                self._lost(opened)
+                opened = await self.ready()
+                status = await self._ensure(opened)
+        return opened, int(_get(status, "reused_tokens")), int(_get(status, "prefilled_tokens"))
+
+    async def _ensure(self, opened: Opened) -> Any:
+        async with await self._connect() as runtime:
+            return await runtime.EnsurePrefix(session_id=opened.session_id, text=opened.text,
+                                              manifest=opened.manifest)
 
     async def answer(self, suffix: str, sampling: Any, constraint: Any,
                      on_chunk: Callable[[str, int], None]) -> Answer:
@@ -180,8 +211,10 @@ class WarmSession:
                       on_chunk: Callable[[str, int], None], *, reopened: bool) -> Answer:
         text, tokens = "", 0
         async with await self._connect() as runtime:
+            started = time.monotonic()
             status = await runtime.PrefillSuffix(session_id=opened.session_id, text=suffix,
                                                  manifest=opened.manifest)
+            prefilled = time.monotonic()
             async for reply in runtime.Decode(session_id=opened.session_id,
                                               sampling=sampling, constraint=constraint):
                 chunk = reply.get("chunk", reply) if isinstance(reply, dict) else reply
@@ -190,7 +223,8 @@ class WarmSession:
                 on_chunk(text, tokens)
         return Answer(text=text, tokens=tokens,
                       prefix_tokens=int(_get(status, "prefix_tokens")),
-                      suffix_tokens=int(_get(status, "suffix_tokens")), reopened=reopened)
+                      suffix_tokens=int(_get(status, "suffix_tokens")), reopened=reopened,
+                      prefill_s=prefilled - started, decode_s=time.monotonic() - prefilled)
 
     def _lost(self, opened: Opened) -> None:
         """`opened` is gone: open another, unless a newer one is there."""
