@@ -119,3 +119,28 @@ def test_runs_that_went_well_and_plans_that_failed_survive_sentrys_restart(
     assert [i.result for i in results] == ["failed", "needs_human"]
     assert all(dropin in line and "not linked" in line
                for i in results for line in i.findings if dropin in line)
+
+
+def test_a_refusal_for_another_reason_keeps_the_rules_cause_and_toolds_words() -> None:
+    from syntrop.sentry.pipeline import Budgets, triage
+
+    async def context(unit: str, failure: int) -> Facts:
+        return Facts(failure_usec=failure, unit=UnitFacts(unit=unit))
+
+    async def execute(unit: str, plan: Plan) -> Executed:
+        return refused(plan, "io.syntrop.Tool1.PlanRefused",
+                       {"reason": "invalid_step", "step": 0,
+                        "message": "step 0: unit: not a unit name"})
+
+    async def verify(unit: str, hold_usec: int) -> bool:
+        raise AssertionError("nothing ran: nothing to verify")
+
+    incident = asyncio.run(triage(
+        "a.service", "state_failed", budgets=Budgets(), clock=Clock(), detected_usec=T0,
+        phases=Phases(context=context, lease=fail, decide=fail, execute=execute,
+                      verify=verify, release=fail)))
+    assert incident.cause is not None and incident.cause.kind == "transient"
+    assert [(s.outcome, s.message) for s in incident.plan] == [
+        ("refused", "PlanRefused: step 0: unit: not a unit name")]
+    assert incident.result == "failed"
+    assert "PlanRefused: step 0: unit: not a unit name" in incident.summary
