@@ -36,8 +36,9 @@ def call(daemon: Activated, interface: str, method: str, **params: Any) -> Any:
 
 
 def sessions(runtime: Activated) -> int:
+    """Sessions on SmolLM2's triage lane, where sentry opens its own."""
     load = call(runtime, RUNTIME, "GetLoad")
-    return sum(m["sessions"] for m in load["models"] if m["name"] == "smollm2")
+    return sum(m["sessions"] for m in load["models"] if m["name"] == "smollm2 (triage)")
 
 
 def wait_for_session(runtime: Activated) -> None:

@@ -810,7 +810,8 @@ class Runtime1(Interface, name=NAME):
 
     @method
     def OpenSession(
-        self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None
+        self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None,
+        priority: str | None = None,
     ) -> OpenSessionResult:
         """Open a persistent session bound to an owner epoch; a newer owner
         invalidates older sessions.
@@ -819,6 +820,10 @@ class Runtime1(Interface, name=NAME):
             owner_instance_id: The owner (fence) the caller expects.
             model: Model name in modeld.
             config: Runtime configuration; defaults when null.
+            priority: As Complete's: Interactive (null) or Batch, the
+                model's main worker; EmergencyTriage (root or the
+                sentry.triage authorization), the triage lane's worker,
+                never frozen for others, and the session is never spilled.
 
         Returns:
             session_id: The session.

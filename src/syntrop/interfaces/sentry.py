@@ -40,8 +40,10 @@ class Cause:
     Fields:
         kind: dependency_failed, executable_missing, stale_definition,
             dropin_changed, stale_cache, stale_state, config_replaced (by a
-            package), config_edited, unit_file_changed, crash_loop or
-            transient (no change is linked to the failure).
+            package), config_edited, unit_file_changed, resource_error (the
+            journal names a resource that is taken or refused),
+            unit_protected (toold refuses to act on the unit), crash_loop
+            or transient (no change is linked to the failure).
         fixable: Whether syntrop's tools can remove it; when not, sentry
             restarts at most once, then leaves the unit to a human.
         summary: The cause in words.

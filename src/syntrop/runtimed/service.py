@@ -325,9 +325,12 @@ class RuntimeService(Runtime1):
     # spill ----------------------------------------------------------------------
 
     async def _spill_one(self, keep: Seat | None) -> bool:
-        """Spill the least recently used idle session; whether one was."""
+        """Spill the least recently used idle session; whether one was. A
+        session of the triage lane is never spilled: sentry's warm prefix
+        must be there when a failure comes."""
         idle = [s for s in self.table if s.engine.in_worker and not s.engine.busy
-                and not s.engine.lock.locked() and s.engine is not keep]
+                and not s.engine.lock.locked() and s.engine is not keep
+                and not s.engine.resident.triage]
         if not idle:
             return False
         session = min(idle, key=lambda s: s.engine.used)
@@ -568,10 +571,12 @@ class RuntimeService(Runtime1):
 
     @implements
     async def OpenSession(
-        self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None
+        self, *, owner_instance_id: str, model: str, config: SessionConfig | None = None,
+        priority: str | None = None,
     ) -> OpenSessionResult:
         if not owner_instance_id or len(owner_instance_id) > 256:
             raise InvalidParameter(parameter="owner_instance_id")
+        triage = await _triage(priority)
         options = checks.options(config, self.config)
         sinks, journal = checks.window(config, options.n_ctx)
         prompt_format = checks.prompt_format(config)
@@ -581,7 +586,7 @@ class RuntimeService(Runtime1):
             raise InvalidParameter(parameter="config.lora_scale")
         lora_fd = await self._adapter(lora) if lora is not None else None
         try:
-            resident = await self._hold(model)
+            resident = await self._hold(model, triage=triage)
             try:
                 for ended in self.table.fence(owner_instance_id, current_peer().uid):
                     logger.info("session %s ended by a takeover",

@@ -234,12 +234,10 @@ class Live:
             topology = await inference.GetTopology()
             cpu = next((str(_field(p, "id")) for p in _field(topology, "planes") or []
                         if _field(p, "kind") == "cpu"), None)
-            # Not while the model answers in the warm session: runtimed
-            # keeps sessions in the model's main worker, which an
-            # exclusive lease would freeze with the session in it.
+            # The warm session lives in the triage lane's worker too.
             reply = await inference.AcquireLease(
                 priority="EmergencyTriage", memory_bytes=LEASE_BYTES, plane=cpu,
-                unit=None, pid=os.getpid(), exclusive=self.warm is None)
+                unit=None, pid=os.getpid(), exclusive=True)
         return str(_field(reply, "lease_id"))
 
     async def release(self, lease_id: str) -> None:

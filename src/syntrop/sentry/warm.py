@@ -145,8 +145,10 @@ class WarmSession:
             template_digest=PROMPT_FORMAT, bos="add",
             runtime_digest=str(sha256(repr(config).encode()).hexdigest()))
         async with await self._connect() as runtime:
+            # The triage lane's worker: never frozen by sentry's own
+            # exclusive lease, never spilled, and at a higher CPU weight.
             reply = await runtime.OpenSession(owner_instance_id=self.owner, model=model,
-                                              config=config)
+                                              config=config, priority="EmergencyTriage")
             session_id = str(_get(reply, "session_id"))
             try:
                 status = await runtime.EnsurePrefix(session_id=session_id, text=text,
