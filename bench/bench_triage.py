@@ -8,7 +8,11 @@ seeds, `--shuffles` orders each), greedy, constrained by the prompt's
 answer schema, in-process with llama-cpp-python (one thread, the model's
 chat template). The prompt's stable prefix stays in the context from one
 incident to the next, as in a warm session, so the decide time is the
-incident's own part: prefill and answer. Strategies:
+incident's own part: prefill and answer (timed on the first order only:
+with `named`, the later orders give the same prompt). Columns: right (the
+model), first (always the first plan offered), listed (always the first
+plan the prompt lists), rules (the rules' plan), and the same on the
+failures where the rules say a human must. Strategies:
 
 - `named`: decide.py as shipped (plans by name, in a fixed order);
 - `numbered`: the prompt before it (commit BEFORE: plans as numbered JSON
@@ -68,6 +72,7 @@ class Tally:
     runs: int = 0
     right: int = 0
     first: int = 0
+    listed: int = 0
     rules: int = 0
     rejected: int = 0
     human_runs: int = 0
@@ -108,6 +113,12 @@ def _decide(llm: Any, tokenizer: Any, module: Any, offer: Offer,
         return None, took, text
 
 
+def _first_listed(module: Any, offered: list[Plan]) -> Plan:
+    """The plan the prompt lists first (named lists them in a fixed order)."""
+    named = getattr(module, "named", None)
+    return named(offered)[0][1] if named else offered[0]
+
+
 def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
         variant: str | None) -> tuple[Tally, list[float]]:
     from syntrop.runtimed import constrain
@@ -119,10 +130,14 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
     _decide(llm, tokenizer, module, every[0], every[0].offered)  # the prefix, once
     tally, times = Tally(), []
     deadline = time.monotonic() + cap
-    for index, offer in enumerate(every):
+    # In a fixed random order, so that a run cut short by the cap is a fair sample.
+    order = list(range(len(every)))
+    random.Random(0).shuffle(order)
+    for index in order:
+        offer = every[index]
         for shuffle in range(shuffles):
             if time.monotonic() > deadline:
-                print(f"  cap of {cap:.0f} s reached at incident {index}", flush=True)
+                print(f"  cap of {cap:.0f} s reached after {tally.runs} runs", flush=True)
                 return tally, times
             offered = list(offer.offered)
             random.Random(1000 * shuffle + index).shuffle(offered)
@@ -134,6 +149,7 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
             tally.right += right
             tally.rejected += chosen is None
             tally.first += offer.is_right(offered[0])
+            tally.listed += offer.is_right(_first_listed(module, offered))
             tally.rules += offer.is_right(offer.rules)
             if offer.human_must:
                 tally.human_runs += 1
@@ -166,13 +182,14 @@ def main() -> None:
             tally, times = run(model, name, args.shuffles, args.cap, args.verbose,
                                args.variant)
             rows.append((model, name, tally, times))
-    print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'first':>6} {'rules':>6} "
-          f"{'rejected':>8} {'human-must right / rules':>26} "
+    print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'first':>6} "
+          f"{'listed':>6} {'rules':>6} {'rejected':>8} {'human-must right / rules':>26} "
           f"{'decide p50 / max (new incident)':>32}")
     for model, name, t, times in rows:
         p50 = statistics.median(times) if times else 0.0
         print(f"{model:10} {name:9} {t.runs:>4} {_pct(t.right, t.runs)} "
-              f"{_pct(t.first, t.runs)} {_pct(t.rules, t.runs)} {t.rejected:>8} "
+              f"{_pct(t.first, t.runs)} {_pct(t.listed, t.runs)} {_pct(t.rules, t.runs)} "
+              f"{t.rejected:>8} "
               f"{t.human_right:>6}/{t.human_runs:<3} vs {t.human_rules:>3}/{t.human_runs:<3}"
               f"        {p50:5.2f} / {max(times, default=0.0):5.2f} s")
     sys.stdout.flush()

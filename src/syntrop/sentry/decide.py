@@ -23,6 +23,13 @@ program missing because a drop-in points at it, or because it was
 removed). The system line and the examples are `prefix_messages()`, the
 same on every call (a warm session evaluates them once); the failure is
 `suffix_messages()`.
+
+Measured (bench/bench_triage.py, 33 labelled failures, 2 orders each, one
+thread): Qwen2.5-Coder-0.5B right in 86% (the rules 82%, the plan listed
+first 79%, the first offered 56%), and in 13 of 18 where the rules say a
+human must (the rules 12), 1.75 s per new failure at the median;
+Qwen2.5-Coder-1.5B 82% at 3.5 s; SmolLM2-135M answers "nothing" to
+everything (55%).
 """
 
 import json
