@@ -183,7 +183,9 @@ def test_state_directories_belong_to_their_daemons(instance: Instance) -> None:
         ]
     ).stdout.split("\n")
     owners = dict(line.split(" ", 1) for line in listing if line)
-    assert owners["/var/lib/syntrop/models"].startswith("modeld ")
+    # modeld, runtimed and routerd: the static user that can ask polkit.
+    for name in ("models", "runtimed", "routerd"):
+        assert owners[f"/var/lib/syntrop/{name}"].startswith("syntrop "), owners
     assert owners["/var/lib/syntrop/inferenced"].startswith("root ")
     assert owners["/var/lib/syntrop/toold"].startswith("root ")
     assert owners["/var/lib/syntrop/sentry"].startswith("root ")

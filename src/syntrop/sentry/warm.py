@@ -161,9 +161,23 @@ class WarmSession:
         opened = Opened(session_id=session_id, model=model, text=text, manifest=manifest,
                         prefix_tokens=int(_get(status, "prefix_tokens")),
                         reused_tokens=int(_get(status, "reused_tokens")))
-        logger.info("triage session %s on %s: %d prefix tokens", session_id, model,
+        logger.info("triage session %s… on %s: %d prefix tokens", session_id[:8], model,
                     opened.prefix_tokens)
         return opened
+
+    def describe(self) -> str:
+        """Where the session stands, for Sentry1.GetStatus: "ready: ...",
+        "opening" or "failed: ..."."""
+        task = self._opening
+        if task is None or not task.done():
+            return "opening"
+        if task.cancelled():
+            return "failed: cancelled"
+        error = task.exception()
+        if error is not None:
+            return f"failed: {type(error).__name__}: {error}"[:200]
+        opened = task.result()
+        return f"ready: {opened.model}, {opened.prefix_tokens} prefix tokens resident"
 
     async def ensure(self) -> tuple[Opened, int, int]:
         """The session with its prefix resident: EnsurePrefix with the same
