@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 SYNTROP_ACCEL ?=
 STAMP := $(VENV)/.installed-stamp$(if $(filter cuda,$(SYNTROP_ACCEL)),-cuda)
 
-.PHONY: test test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
+.PHONY: test test-quick test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
 
 $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ varlinkctl: $(STAMP)
 # All three tiers. The closing section says how many tests each tier ran.
 test: apt-deps $(STAMP) varlinkctl
 	$(PY) -m pytest tests
+
+# The inner loop: the unit tier and the service tests that run no model.
+test-quick: $(STAMP) varlinkctl
+	SYNTROP_TEST_QUICK=1 $(PY) -m pytest tests/unit tests/service
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit

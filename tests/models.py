@@ -9,6 +9,7 @@ root (so runtimed finds modeld's socket) with SmolLM2 stored as "smollm2".
 import asyncio
 import contextlib
 import importlib.util
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,8 +23,17 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
+#: Set by `make test-quick`: the modules that run a model are left out.
+QUICK = "SYNTROP_TEST_QUICK"
+
+
 def require_llama() -> None:
-    """Skip (the whole module, at import) where llama.cpp's binding is missing."""
+    """Skip (the whole module, at import) where llama.cpp's binding is
+    missing, and in `make test-quick`, which leaves out every module that
+    runs a model."""
+    if os.environ.get(QUICK):
+        pytest.skip("make test-quick leaves out the tests that run a model",
+                    allow_module_level=True)
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama_cpp is not importable (pip install llama-cpp-python)",
                     allow_module_level=True)
