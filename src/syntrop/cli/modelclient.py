@@ -73,6 +73,9 @@ def describe(error: BaseException) -> str:
                     "run it as root, or as a member of the syntrop group")
         case "InvalidParameter":
             return f"modeld refused the parameter {params.get('parameter')!r}"
+        case "InternalError":
+            return (f"modeld failed in {params.get('method')} in a way it did not foresee; "
+                    "its journal says why")
     return f"modeld answered {name or type(error).__name__}"
 
 
