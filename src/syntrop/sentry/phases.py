@@ -12,12 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from syntrop.packaged import QWEN_CODER_05B
 from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import KNOWN_TOOLS, Executed, Facts, Phases, StepRecord
 from syntrop.sentry.warm import WarmSession
 from syntrop.system.systemd import Systemd
 
 CALL_TIMEOUT = 45.0
+#: The triage model when sentry.toml names none: the most right answers
+#: within decide's budget on the labelled set (docs/BENCHMARKS.md).
+TRIAGE_MODEL = QWEN_CODER_05B.name
 #: How often verify looks at the unit during its hold.
 VERIFY_POLL = 0.25
 SECOND = 1_000_000
@@ -356,7 +360,9 @@ class Live:
 
         digests = {name(m): str(_field(m, "digest") or "") for m in models or []}
         pinned = sorted(name(m) for m in models or [] if _field(m, "pinned"))
-        chosen = pinned[0] if pinned and self.model_pinned else self.model
+        chosen = self.model
+        if self.model_pinned:  # none configured: the triage model, else the first pinned
+            chosen = TRIAGE_MODEL if TRIAGE_MODEL in digests else (pinned or [chosen])[0]
         return chosen, digests.get(chosen, digests.get(chosen.removesuffix(":latest"), ""))
 
     async def execute(self, unit: str, plan: Plan) -> Executed:
