@@ -74,6 +74,34 @@ def build(root: Path, gpus: list[Gpu], *, ram: int = 64 * GiB, numa: list[str] |
     return root
 
 
+#: What nvidia-smi prints for the VM below: index, name, bus id, MiB total, MiB used.
+NVIDIA_SMI = ("0, NVIDIA H100 80GB HBM3, 00000000:65:00.0, 81559, 1\n"
+              "1, NVIDIA H100 80GB HBM3, 00000000:E4:00.0, 81559, 40000\n")
+
+
+def nvidia_vm(root: Path, smi: str | None = NVIDIA_SMI) -> Path:
+    """A virtual machine with two NVIDIA GPUs and no DRM render node: the
+    driver's /dev/nvidia0 and /dev/nvidia1 (plain files here), the PCI
+    devices in sysfs (NUMA 0 and 1), and an nvidia-smi that prints `smi`
+    (None: no nvidia-smi at all)."""
+    build(root, [])
+    for address, numa in (("0000:65:00.0", 0), ("0000:e4:00.0", 1)):
+        device = root / "sys" / "devices" / "pci0000:00" / address
+        write(device / "vendor", "0x10de\n")
+        write(device / "device", "0x2330\n")
+        write(device / "numa_node", f"{numa}\n")
+        link = root / "sys" / "bus" / "pci" / "devices" / address
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(device, link.parent), link)
+    for node in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        write(root / "dev" / node, "")
+    if smi is not None:
+        program = root / "usr" / "bin" / "nvidia-smi"
+        write(program, "#!/bin/sh\ncat <<'EOF'\n" + smi + "EOF\n")
+        program.chmod(0o755)
+    return root
+
+
 def nvidia_box(root: Path) -> Path:
     return build(root, [Gpu("renderD128", "pci0000:00/0000:00:01.0/0000:01:00.0",
                             "0x10de", "0x2684", "nvidia", numa=0)])

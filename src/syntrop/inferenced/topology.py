@@ -1,8 +1,11 @@
 """Compute planes of a host, and how close they are to each other.
 
-A plane is a DRM render node (GPU), an accel node (NPU), or the CPU with host
-RAM. Memory of a GPU comes from its driver's sysfs (amdgpu
-mem_info_vram_total/used), from NVML when nvidia-ml-py is importable, or from
+A plane is a DRM render node (GPU), an accel node (NPU), an NVIDIA GPU
+that has no render node (virtual machines, hosts without nvidia-drm: its
+/dev/nvidiaN and nvidia-smi say it is there), or the CPU with host RAM.
+Memory of a GPU comes from its driver's sysfs (amdgpu
+mem_info_vram_total/used), from NVML when nvidia-ml-py is importable, from
+nvidia-smi for a GPU without a render node, or from
 configuration; a device whose memory nobody reports is listed with total 0,
 so nothing is placed on it until config says how much it has.
 
@@ -12,6 +15,9 @@ Affinity: two planes are close when their PCI paths share a long prefix
 """
 
 import itertools
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,8 +80,80 @@ def _nvml_memory(address: str) -> tuple[int, int] | None:
         return None
 
 
+#: What nvidia-smi is asked, one CSV line per GPU.
+NVIDIA_QUERY = "index,name,pci.bus_id,memory.total,memory.used"
+NVIDIA_TIMEOUT = 5.0
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NvidiaGpu:
+    """One GPU as nvidia-smi lists it (memory in bytes)."""
+
+    index: int
+    name: str
+    address: str
+    total: int
+    used: int
+
+
+def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
+    """nvidia-smi --query-gpu=NVIDIA_QUERY --format=csv,noheader,nounits;
+    lines it cannot read are left out."""
+    found = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5:
+            continue
+        try:
+            found.append(NvidiaGpu(index=int(fields[0]), name=fields[1],
+                                   address=sysfs.pci_address(fields[2]),
+                                   total=int(float(fields[3]) * MiB),
+                                   used=int(float(fields[4]) * MiB)))
+        except ValueError:
+            continue
+    return found
+
+
+def _nvidia_smi(root: Path) -> list[NvidiaGpu]:
+    """The GPUs nvidia-smi lists (under `root`'s /usr/bin or /bin for a
+    test tree); none when it is missing, fails or hangs."""
+    search = None if root == Path("/") else f"{root}/usr/bin{os.pathsep}{root}/bin"
+    program = shutil.which("nvidia-smi", path=search)
+    if program is None:
+        return []
+    try:
+        done = subprocess.run([program, f"--query-gpu={NVIDIA_QUERY}",
+                               "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=NVIDIA_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
+
+
+def nvidia_without_render_node(root: Path, known: set[str]) -> list[sysfs.Accelerator]:
+    """NVIDIA GPUs that the driver's /dev/nvidiaN nodes say exist and that
+    no DRM render node (PCI address in `known`) already stands for: from
+    nvidia-smi, NVML's memory where it is importable, NUMA node and PCI
+    path from sysfs."""
+    if not sysfs.nvidia_minors(root):
+        return []
+    found = []
+    for gpu in _nvidia_smi(root):
+        if gpu.address in known:
+            continue
+        pci = sysfs.pci_device(root / "sys" / "bus" / "pci" / "devices" / gpu.address)
+        total, used = _nvml_memory(gpu.address) or (gpu.total, gpu.used)
+        found.append(sysfs.Accelerator(id=f"nvidia-{gpu.index}", node=gpu.name,
+                                       kind="nvidia_gpu", pci=pci, vram_total=total,
+                                       vram_used=used))
+    return found
+
+
 def _device_name(accelerator: sysfs.Accelerator) -> str:
     pci = accelerator.pci
+    if accelerator.kind == "nvidia_gpu":
+        return accelerator.node + (f" ({pci.address})" if pci else "")  # nvidia-smi's name
     if pci is None:
         return accelerator.node
     vendor = sysfs.VENDORS.get(pci.vendor, pci.vendor)
@@ -88,7 +166,9 @@ def scan(root: Path = Path("/"), config: TopologyConfig | None = None) -> Topolo
     cpu = sysfs.cpu(root)
     mem = sysfs.memory(root)
     planes: list[PlaneInfo] = []
-    for accelerator in sysfs.accelerators(root):
+    rendered = sysfs.accelerators(root)
+    known = {a.pci.address for a in rendered if a.pci is not None}
+    for accelerator in rendered + nvidia_without_render_node(root, known):
         configured = config.devices.get(accelerator.id, DeviceConfig())
         total, used = accelerator.vram_total, accelerator.vram_used
         if total is None and accelerator.pci is not None and accelerator.pci.vendor == "0x10de":

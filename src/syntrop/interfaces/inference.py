@@ -23,9 +23,11 @@ class ComputePlane:
     with host RAM.
 
     Fields:
-        id: Stable identifier, e.g. drm-renderD128, accel-accel0 or cpu.
+        id: Stable identifier, e.g. drm-renderD128, accel-accel0, nvidia-0
+            or cpu.
         name: Human name of the device, e.g. the GPU's marketing name.
-        kind: One of drm_gpu, npu, cpu.
+        kind: One of drm_gpu, nvidia_gpu (an NVIDIA GPU with no DRM render
+            node, found by its /dev/nvidiaN and nvidia-smi), npu, cpu.
         total_memory: Bytes of memory the plane has (VRAM, or host RAM for cpu).
         available_memory: Bytes free on the device minus what leases hold.
         is_triage_reserved: Whether the plane (or a slice of it) is kept for

@@ -125,6 +125,28 @@ def accelerators(root: Path = Path("/")) -> list[Accelerator]:
     return found
 
 
+def nvidia_minors(root: Path = Path("/")) -> list[int]:
+    """The NVIDIA driver's GPU device nodes (/dev/nvidia0, /dev/nvidia1, …),
+    which exist where no DRM render node does (virtual machines, hosts
+    without nvidia-drm), by minor number."""
+    try:
+        names = os.listdir(root / "dev")
+    except OSError:
+        return []
+    return sorted(int(name[6:]) for name in names
+                  if name.startswith("nvidia") and name[6:].isdigit())
+
+
+def pci_address(bus_id: str) -> str:
+    """sysfs's spelling of a PCI bus id as NVIDIA's tools write it
+    (00000000:65:00.0 → 0000:65:00.0); ValueError for anything else."""
+    domain, bus, slot = bus_id.strip().lower().split(":")
+    address = f"{int(domain, 16):04x}:{bus}:{slot}"
+    if not _PCI_ADDRESS.match(address):
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    return address
+
+
 def parse_cpuinfo(text: str) -> CpuInfo:
     model = ""
     processors = 0

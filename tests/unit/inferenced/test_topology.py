@@ -21,6 +21,44 @@ def test_nvidia_box_without_nvml_takes_memory_from_config(tmp_path: Path) -> Non
     assert gpu is not None and (gpu.name, gpu.total_memory) == ("Big GPU", 24 * GiB)
 
 
+def test_nvidia_gpus_without_render_nodes_are_planes_of_their_own(tmp_path: Path) -> None:
+    """A VM: /dev/nvidiaN and nvidia-smi, no DRM render node. Each GPU is a
+    plane with its memory, PCI address and NUMA node; the extra device
+    nodes (nvidiactl, nvidia-uvm) are not GPUs."""
+    topology = scan(fakesysfs.nvidia_vm(tmp_path))
+    gpus = [p for p in topology.planes if p.kind == "nvidia_gpu"]
+    assert [p.id for p in gpus] == ["nvidia-0", "nvidia-1"]
+    first, second = gpus
+    assert first.name == "NVIDIA H100 80GB HBM3 (0000:65:00.0)"
+    assert (first.total_memory, first.used_memory, first.numa_node) == (81559 << 20, 1 << 20, 0)
+    assert (second.used_memory, second.numa_node) == (40000 << 20, 1)
+    assert second.pci_chain == ("0000:e4:00.0",)
+    # Configuration still names and sizes them.
+    sized = scan(tmp_path, TopologyConfig(devices={"nvidia-1": DeviceConfig(memory_bytes=GiB)}))
+    plane = sized.plane("nvidia-1")
+    assert plane is not None and plane.total_memory == GiB
+
+
+def test_no_nvidia_smi_or_no_device_node_means_no_nvidia_plane(tmp_path: Path) -> None:
+    assert not [p for p in scan(fakesysfs.nvidia_vm(tmp_path / "a", smi=None)).planes
+                if p.kind == "nvidia_gpu"]
+    bare = fakesysfs.nvidia_vm(tmp_path / "b")
+    for node in ("nvidia0", "nvidia1"):
+        (bare / "dev" / node).unlink()
+    assert [p.id for p in scan(bare).planes] == ["cpu"]
+    garbled = fakesysfs.nvidia_vm(tmp_path / "c", smi="No devices were found\n")
+    assert [p.id for p in scan(garbled).planes] == ["cpu"]
+
+
+def test_a_gpu_with_a_render_node_is_not_listed_twice(tmp_path: Path) -> None:
+    root = fakesysfs.nvidia_box(tmp_path)  # renderD128 at 0000:01:00.0
+    fakesysfs.write(root / "dev" / "nvidia0", "")
+    program = root / "usr" / "bin" / "nvidia-smi"
+    fakesysfs.write(program, "#!/bin/sh\necho '0, NVIDIA L4, 00000000:01:00.0, 23034, 0'\n")
+    program.chmod(0o755)
+    assert [p.id for p in scan(root).planes] == ["drm-renderD128", "cpu"]
+
+
 def test_amd_box_reads_vram_from_amdgpu(tmp_path: Path) -> None:
     topology = scan(fakesysfs.amd_box(tmp_path))
     gpu = topology.plane("drm-renderD128")
