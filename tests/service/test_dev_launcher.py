@@ -195,7 +195,7 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
         while status(directory)["routerd"]["pid"] is not None:
             assert time.monotonic() < deadline, "routerd did not exit when idle"
             time.sleep(0.2)
-        starts = status(directory)["routerd"]["starts"]
+        starts = int(str(status(directory)["routerd"]["starts"]))
         assert client.models.list().data
         assert status(directory)["routerd"]["starts"] == starts + 1
         # A second `syn up` elsewhere on the same port says the port is taken.
