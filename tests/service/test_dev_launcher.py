@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -133,8 +134,6 @@ def test_status_shows_a_crashed_engine_worker_and_a_crashed_daemon(tmp_path: Pat
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -205,8 +204,18 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
             f'[http]\nlisten = ["127.0.0.1:{port}"]\n')
         clash = syn("up", "--no-model", directory=other)
         try:
-            assert clash.returncode == 0
+            assert clash.returncode == 1
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in clash.stderr
+            assert "syn up --listen HOST:PORT" in clash.stderr
+            assert "syntrop is down" in clash.stdout  # nothing left running
+            # --listen moves it.
+            moved = _free_port()
+            again = syn("up", "--no-model", "--listen", f"127.0.0.1:{moved}", directory=other)
+            assert again.returncode == 0, again.stderr
+            assert f"OpenAI API: http://127.0.0.1:{moved}/v1" in again.stdout
+            with socket.create_connection(("127.0.0.1", moved), timeout=10) as probe:
+                probe.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                assert probe.recv(64).startswith(b"HTTP/1.1 ")
         finally:
             syn("down", directory=other)
     finally:

@@ -162,15 +162,24 @@ def _address(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
 
 
+#: Addresses for routerd's HTTP ingress instead of routerd.toml's
+#: http.listen, comma-separated (`syn up --listen` sets it).
+LISTEN = "SYNTROP_LISTEN"
+
+
 def http_listeners(config: Path) -> tuple[list[socket.socket], list[str]]:
     """routerd's HTTP ingress bound now, as routerd.socket's ListenStream=
-    would: the sockets, and for each address that failed, why."""
+    would: the sockets, and for each address that failed, why. $SYNTROP_LISTEN
+    overrides routerd.toml's http.listen."""
     from syntrop.config import ConfigError
     from syntrop.routerd import config as routerconfig
 
+    override = [a.strip() for a in os.environ.get(LISTEN, "").split(",") if a.strip()]
     try:
-        listen = routerconfig.load(config / "routerd.toml").listen
-    except ConfigError as error:
+        listen = override or routerconfig.load(config / "routerd.toml").listen
+        for text in override:
+            routerconfig.parse_address(text)
+    except (ConfigError, ValueError) as error:
         return [], [str(error)]
     sockets: list[socket.socket] = []
     failed: list[str] = []

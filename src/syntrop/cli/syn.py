@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from syntrop.cli.launcher import (
     DAEMONS,
+    LISTEN,
     default_directory,
     launcher_pid,
     locate,
@@ -43,13 +44,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     directory.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "syntrop.cli.launcher", str(directory), str(args.idle_timeout)]
+    env = dict(os.environ)
+    if args.listen:
+        env[LISTEN] = ",".join(args.listen)
     if args.foreground:
-        os.execv(sys.executable, argv)
+        os.execve(sys.executable, argv, env)
     log = open(directory / "launcher.log", "ab")  # noqa: SIM115 - handed to the child
     with log:
         launcher = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-        )
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env=env)
     deadline = time.monotonic() + 10
     while launcher_pid(directory) is None:
         if launcher.poll() is not None or time.monotonic() > deadline:
@@ -65,8 +69,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     for address in router.get("http", []):
         if not address.startswith("unix:"):
             print(f"  OpenAI API: http://{address}/v1")
-    for problem in router.get("http_failed", []):
-        print(f"syn: routerd's HTTP ingress cannot listen on {problem}", file=sys.stderr)
+    if failed := router.get("http_failed", []):
+        # A suite whose OpenAI endpoint is not there is not up: say which
+        # address, how to choose another, and leave nothing running.
+        for problem in failed:
+            print(f"syn: routerd's HTTP ingress cannot listen on {problem}", file=sys.stderr)
+        print(f"syn: choose another address with `syn up --listen HOST:PORT` (or {LISTEN}=); "
+              "the suite is stopped", file=sys.stderr)
+        launcher.terminate()
+        launcher.wait(timeout=10)
+        print(f"syntrop is down in {directory}")
+        return 1
     if not args.no_model:
         _default_model(run)
     print(f"  export RUNTIME_DIRECTORY={run}   # for varlinkctl; syn finds it by itself")
@@ -299,6 +312,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--foreground", action="store_true", help="do not detach")
     up.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
                     help="daemons exit after this long without clients (default 30)")
+    up.add_argument("--listen", action="append", metavar="HOST:PORT",
+                    help="routerd's HTTP ingress here instead of routerd.toml's http.listen "
+                         f"(repeatable; also ${LISTEN}, comma-separated)")
     up.add_argument("--no-model", action="store_true",
                     help="do not register the default models (SmolLM2, "
                          "Qwen2.5-Coder-0.5B) in modeld")
