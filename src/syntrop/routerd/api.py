@@ -11,6 +11,7 @@ from typing import Any
 from syntrop.routerd import scoring
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               403: "permission_error",
                404: "invalid_request_error",
                405: "invalid_request_error", 408: "invalid_request_error",
                413: "invalid_request_error", 415: "invalid_request_error",

@@ -64,6 +64,9 @@ class FleetConfig:
     ttl: int = 5
     #: Least seconds between two publications of this node's load.
     publish_interval: float = 1.0
+    #: Requests waiting at a node's runtimed over which it counts as full:
+    #: a prefix whose home it is goes to its next home (scoring.homes).
+    queue_bound: int = 4
     #: etcd's client TLS: its CA, our certificate and key.
     etcd_ca: str = ""
     etcd_cert: str = ""
@@ -89,6 +92,9 @@ class Config:
     #: Client connections served at once; one more is answered 503 and
     #: closed (each holds buffers: this keeps routerd inside MemoryHigh).
     max_connections: int = 64
+    #: Origins a browser page may call from (CORS): exact origins such as
+    #: "http://localhost:3000", or "*" for any; none by default.
+    cors_origins: tuple[str, ...] = ()
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     default_model: str | None = None
@@ -268,6 +274,7 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         tls_client_ca=tls_files["tls_client_ca"],
         max_body_bytes=int(number(http, "max_body_bytes", 1 << 20, path)),
         max_connections=max(1, int(number(http, "max_connections", 64, path))),
+        cors_origins=_origins(http, path),
         header_timeout=number(http, "header_timeout", 10.0, path),
         body_timeout=number(http, "body_timeout", 30.0, path),
         default_model=default,
@@ -277,6 +284,18 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         fleet=_fleet(data, path),
     )
 
+
+
+def _origins(http: dict[str, Any], path: str) -> tuple[str, ...]:
+    """http.cors_origins: "*" or origins (scheme://host[:port], no path)."""
+    origins = http.get("cors_origins", [])
+    if not isinstance(origins, list) or not all(
+            isinstance(o, str) and (o == "*" or (o.startswith(("http://", "https://"))
+                                                 and "/" not in o.split("://", 1)[1]))
+            for o in origins):
+        raise ConfigError(f"{path}: http.cors_origins must be a list of origins "
+                          '(scheme://host[:port]) or "*"')
+    return tuple(origins)
 
 
 def _fleet(data: dict[str, Any], path: str) -> FleetConfig:
@@ -306,6 +325,7 @@ def _fleet(data: dict[str, Any], path: str) -> FleetConfig:
         strings["node"] = socket.gethostname()
     return FleetConfig(etcd=tuple(etcd), ttl=max(2, int(number(table, "ttl", 5, where))),
                        publish_interval=number(table, "publish_interval", 1.0, where),
+                       queue_bound=max(0, int(number(table, "queue_bound", 4, where))),
                        **strings)
 
 

@@ -143,14 +143,37 @@ class HTTPServer:
             raise failure
         return None  # upgraded, and every request it held served
 
+    def _cors(self, request: Request) -> list[tuple[bytes, bytes]]:
+        """The CORS headers for a request from an allowed origin (http.
+        cors_origins); none for one without an Origin or from another."""
+        origin = request.header(b"origin")
+        allowed = self.config.cors_origins
+        if origin is None or not allowed or \
+                ("*" not in allowed and origin.decode("latin-1") not in allowed):
+            return []
+        return [(b"access-control-allow-origin", origin), (b"vary", b"origin")]
+
+    def _preflight(self, request: Request, cors: list[tuple[bytes, bytes]]) -> Response:
+        """A browser's OPTIONS before its real request: allowed, 204 with
+        what may follow; from an origin not allowed, 403 saying so."""
+        if not cors:
+            return error(403, "this origin may not call routerd (http.cors_origins)",
+                         "origin_not_allowed")
+        asked = request.header(b"access-control-request-headers")
+        return Response(status=204, body=b"", headers=(
+            (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+            (b"access-control-allow-headers", asked or b"authorization, content-type"),
+            (b"access-control-max-age", b"600")))
+
     async def _send(self, writer: asyncio.StreamWriter, response: Response, close: bool,
-                    request: Request | None = None) -> None:
-        """Write `response`: one write, or one per chunk of a stream (the
-        head goes with the first). A stream is chunked, except to an
-        HTTP/1.0 client: its end is the connection's."""
+                    request: Request | None = None,
+                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Write `response` (with `extra` headers): one write, or one per
+        chunk of a stream (the head goes with the first). A stream is
+        chunked, except to an HTTP/1.0 client: its end is the connection's."""
         http_1_0 = request is not None and request.http_1_0
         headers = [(b"content-type", response.content_type.encode()),
-                   (b"server", b"routerd"), *response.headers]
+                   (b"server", b"routerd"), *response.headers, *(extra or ())]
         if close:
             headers.append((b"connection", b"close"))
         if response.stream is None:
@@ -240,15 +263,24 @@ class HTTPServer:
                 # HTTP/1.0 is answered once: its keep-alive is not worth having.
                 close = not request.keep_alive or parser.closed or request.http_1_0
                 traffic, forwarded = _marks(request)
+                cors = self._cors(request)
+                if request.method == b"OPTIONS" and \
+                        request.header(b"access-control-request-method") is not None:
+                    # Before the keys: a browser's preflight carries none.
+                    await self._send(writer, self._preflight(request, cors), close, request,
+                                     cors)
+                    if close:
+                        break
+                    continue
                 if self.config.api_keys and not self._authorized(request, writer):
-                    await self._send(writer, unauthorized(), close, request)
+                    await self._send(writer, unauthorized(), close, request, cors)
                     if close:
                         break
                     continue
                 refused = unsupported_media(request.header(b"content-type")) \
                     if request.method == b"POST" else None
                 if refused is not None:
-                    await self._send(writer, refused, close, request)
+                    await self._send(writer, refused, close, request, cors)
                     if close:
                         break
                     continue
@@ -260,7 +292,7 @@ class HTTPServer:
                     logger.exception("request failed")
                     response = error(502, "internal error")
                 try:
-                    await self._send(writer, response, close, request)
+                    await self._send(writer, response, close, request, cors)
                 finally:
                     if response.closer is not None:  # a stream never started too
                         await response.closer()

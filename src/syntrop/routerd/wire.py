@@ -18,7 +18,8 @@ import httptools
 Headers = list[tuple[bytes, bytes]]
 
 #: The reason phrases routerd answers with (a missing one is sent empty).
-REASONS = {100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
+REASONS = {100: b"Continue", 200: b"OK", 204: b"No Content", 400: b"Bad Request",
+           401: b"Unauthorized", 403: b"Forbidden",
            404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
            413: b"Content Too Large", 415: b"Unsupported Media Type",
            431: b"Request Header Fields Too Large",

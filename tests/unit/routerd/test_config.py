@@ -105,3 +105,12 @@ def test_idle_connections_out_of_bounds_is_a_config_error(value: str) -> None:
         parse(data)
     assert parse({"providers": [{"id": "up", "kind": "openai", "endpoint": "http://x/v1"}]}
                  ).providers[0].idle_connections == 256
+
+
+def test_cors_origins() -> None:
+    assert parse({}).cors_origins == ()
+    assert parse({"http": {"cors_origins": ["http://localhost:3000", "*"]}}).cors_origins == (
+        "http://localhost:3000", "*")
+    for bad in (["localhost:3000"], ["http://a.example/path"], "http://a.example", [3]):
+        with pytest.raises(ConfigError, match="cors_origins"):
+            parse({"http": {"cors_origins": bad}})
