@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -36,10 +37,14 @@ def system(topic: str) -> str:
     return " ".join(f"Rule {i}: answer about {topic}, briefly and politely." for i in range(50))
 
 
+def question_body(topic: str, question: str) -> dict[str, Any]:
+    return {"model": "smollm2", "max_tokens": 1, "temperature": 0, "messages": [
+        {"role": "system", "content": system(topic)}, {"role": "user", "content": question}]}
+
+
 def ask(port: int, topic: str, question: str) -> tuple[float, str]:
     """Seconds to a one-token answer, and who served it."""
-    body = {"model": "smollm2", "max_tokens": 1, "temperature": 0, "messages": [
-        {"role": "system", "content": system(topic)}, {"role": "user", "content": question}]}
+    body = question_body(topic, question)
     started = time.monotonic()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
@@ -127,6 +132,49 @@ def test_each_prompt_has_a_home_and_goes_back_to_it(fleet: Fleet) -> None:
     assert {n: c["contexts"] for n, c in caches.items()} == {"a": 1, "b": 1, "c": 1}
     print(f"\n  first TTFT {[round(first[t][0], 2) for t in topics]} s, "
           f"again {[round(again[t][0], 2) for t in topics]} s; homes {homes}")
+
+
+def home_key(topic: str) -> str:
+    """The key routerd hashes a chat of `topic` by: its first turn's digest."""
+    from syntrop.prefix import chain
+    from syntrop.routerd.providers.runtimed import turns
+
+    found = turns(question_body(topic, "Which is oldest?"))
+    assert found
+    return chain(found)[0][0]
+
+
+def test_a_new_prompt_entering_every_node_at_once_has_one_home(fleet: Fleet) -> None:
+    """Each node's own runtimed has the same provider id (runtimed-local):
+    homes are hashed over node ids, so all three entry nodes send a new
+    prompt to one node, the one rendezvous hashing names, before any
+    report says where it is. The topic is one where hashing over provider
+    ids would make every entry node its own home."""
+    from syntrop.routerd import scoring
+
+    _, ports, runtimes, _ = fleet
+    ids = ("runtimed-local", "fleet:a", "fleet:b", "fleet:c")
+    topic = next(t for t in (f"topic {i}" for i in range(100)) if min(
+        ids, key=lambda p: scoring._rendezvous(home_key(t), p)) == "runtimed-local")
+    start = threading.Barrier(3)
+    served: dict[str, str] = {}
+
+    def enter(node: str) -> None:
+        start.wait(30)
+        provider = ask(ports[node], topic, "Which is oldest?")[1]
+        served[node] = node if provider == "runtimed-local" else provider.removeprefix("fleet:")
+
+    threads = [threading.Thread(target=enter, args=(node,)) for node in ports]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert sorted(served) == ["a", "b", "c"], served
+    (home,) = set(served.values())
+    assert home == scoring.homes(home_key(topic), ports)[0], served
+    assert held(runtimes[home])
+    assert not any(held(runtimes[n]) for n in ports if n != home)
+    print(f"\n  one home for {topic!r} entering at a, b and c at once: {home}")
 
 
 COUNT = "Count from one to ten in words, separated by commas, then stop."

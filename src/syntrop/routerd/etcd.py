@@ -4,13 +4,16 @@ client, so routerd carries no gRPC stack.
 
 Keys and values travel base64-encoded, 64-bit integers as strings (the
 gateway's protobuf JSON). Requests go to the endpoint that answered last and
-fail over to the others in order: one dead member of a cluster changes
-nothing. Every failure is EtcdError.
+fail over to the others in order, each try bounded by the per-request
+`timeout`, whether the member refuses, hangs, answers an error or drops
+the connection mid-answer: one dead member of a cluster changes nothing.
+Every failure is EtcdError.
 """
 
 import base64
 import contextlib
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +64,12 @@ class Etcd:
             tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key))
             for index, url in enumerate(endpoints)]
         self._good = 0
+        #: When an endpoint last answered (monotonic seconds).
+        self.answered_at = float("-inf")
+
+    def _next(self) -> None:
+        """The endpoint that answered last failed: start with the next."""
+        self._good = (self._good + 1) % len(self.clients)
 
     async def _open(self, path: str, body: dict[str, Any]) -> Any:
         """An exchange with status 200 from the first endpoint that gives one."""
@@ -75,7 +84,7 @@ class Etcd:
                 failures.append(f"{client.config.endpoint}: {failure.message}")
                 continue
             if exchange.status == 200:
-                self._good = index
+                self._good, self.answered_at = index, time.monotonic()
                 return exchange
             try:
                 text = (await exchange.read_all())[:300].decode("utf-8", "replace")
@@ -87,20 +96,21 @@ class Etcd:
         raise EtcdError("; ".join(failures))
 
     async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        exchange = await self._open(path, body)
-        try:
-            raw = await exchange.read_all()
-        except ProviderError as failure:
-            raise EtcdError(failure.message) from None
-        finally:
-            exchange.close()
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            raise EtcdError(f"{path}: not JSON") from None
-        if not isinstance(answer, dict):
-            raise EtcdError(f"{path}: not an object")
-        return answer
+        """A unary request's answer; an endpoint that fails mid-answer is
+        left for the next (every request routerd makes may be repeated)."""
+        failures = []
+        for _ in self.clients:
+            exchange = await self._open(path, body)
+            try:
+                raw = await exchange.read_all()
+            except ProviderError as failure:
+                failures.append(failure.message)
+                self._next()
+                continue
+            finally:
+                exchange.close()
+            return _object(path, raw)
+        raise EtcdError("; ".join(failures))
 
     async def grant(self, ttl: int) -> int:
         answer = await self._call("/v3/lease/grant", {"TTL": ttl})
@@ -111,17 +121,23 @@ class Etcd:
 
     async def keepalive(self, lease: int) -> int:
         """Renew `lease`; its TTL now, 0 when it has expired."""
-        exchange = await self._open("/v3/lease/keepalive", {"ID": str(lease)})
-        try:
-            async with contextlib.aclosing(_lines(exchange)) as lines:
-                async for line in lines:
-                    try:
-                        return int(json.loads(line)["result"].get("TTL", 0))
-                    except (ValueError, KeyError, TypeError, AttributeError):
-                        raise EtcdError(f"keepalive answered {line[:200]!r}") from None
-        finally:
-            exchange.writer.close()  # a stream: not reusable
-        raise EtcdError("keepalive ended without an answer")
+        failures = []
+        for _ in self.clients:
+            exchange = await self._open("/v3/lease/keepalive", {"ID": str(lease)})
+            try:
+                async with contextlib.aclosing(_lines(exchange)) as lines:
+                    async for line in lines:
+                        try:
+                            return int(json.loads(line)["result"].get("TTL", 0))
+                        except (ValueError, KeyError, TypeError, AttributeError):
+                            raise EtcdError(f"keepalive answered {line[:200]!r}") from None
+                failures.append("keepalive ended without an answer")
+            except EtcdError as failure:  # the connection failed mid-answer
+                failures.append(str(failure))
+            finally:
+                exchange.writer.close()  # a stream: not reusable
+            self._next()
+        raise EtcdError("; ".join(failures))
 
     async def revoke(self, lease: int) -> None:
         await self._call("/v3/lease/revoke", {"ID": str(lease)})
@@ -158,6 +174,16 @@ class Etcd:
         finally:
             exchange.writer.close()
         raise EtcdError("the watch ended")
+
+
+def _object(path: str, raw: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise EtcdError(f"{path}: not JSON") from None
+    if not isinstance(answer, dict):
+        raise EtcdError(f"{path}: not an object")
+    return answer
 
 
 async def _lines(exchange: Any) -> AsyncGenerator[bytes, None]:

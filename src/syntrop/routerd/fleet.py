@@ -15,17 +15,25 @@ published again when its models or load change (`poke`: a request ended;
 or seen at a renewal), at most every `publish_interval` seconds, and
 renewed every ttl/3 seconds. A node that
 dies stops renewing: etcd deletes its key when the lease's TTL runs out,
-and every other node's watch sees it go. A node cut off from etcd
-(partitioned, or etcd has lost quorum) cannot renew either: the others drop
-it after the TTL, and it keeps the last members it knew, says `degraded`
-(Router1.GetStatus, routerctl status), and tries again every second; when
-etcd answers it takes a new lease, publishes, and reads the members afresh.
+and every other node's watch sees it go.
+
+Every request fails over across the configured endpoints (etcd.py), each
+try bounded by ttl/3 divided among them. A request or watch that fails
+anyway starts the session again at once on the next endpoint, keeping the
+lease while it lives: losing one member, even the one every node talks to
+first, changes nothing. Only when no endpoint has answered for ttl/3 since
+the first failure is the node cut off from etcd (partitioned, or etcd has
+lost quorum): the others drop it after the TTL, and it keeps the last
+members it knew, says `degraded` (Router1.GetStatus, routerctl status), and
+tries again every second; when etcd answers it takes a new lease,
+publishes, and reads the members afresh.
 
 Members become `peer` providers of the gateway (tier lan, their models as
 they published them), so routing, breakers and the continuation of a stream
 whose node dies mid-answer are the ones LAN peers already have. A member
-that published no free slot is throttled like a full local runtimed: tried
-after the others.
+that published no free slot, or more requests waiting than queue_bound, is
+throttled like a full local runtimed: tried after the others (a prefix
+whose home it is goes to its next home, scoring.homes).
 
 Members become `peer` providers, and `caches` are what routing's affinity
 knows of them.
@@ -44,8 +52,10 @@ from syntrop.routerd.etcd import Etcd, EtcdError
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two tries while etcd does not answer.
+#: Seconds between two tries while etcd does not answer (degraded).
 RETRY = 1.0
+#: Seconds before the next try after a failure, within ttl/3 of it.
+RETRY_SOON = 0.05
 #: A member's cache of one model: (provider, model, prefixes, contexts, capacity).
 Cached = tuple[str, str, list[str], int, int]
 
@@ -56,8 +66,11 @@ class Fleet:
                                        tuple[Cached, ...]], None],
                  load: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.config = config
-        self.etcd = Etcd(config.etcd, timeout=max(1.0, config.ttl / 3), tls_ca=config.etcd_ca,
-                         tls_cert=config.etcd_cert, tls_key=config.etcd_key)
+        # One sweep over every endpoint fits in ttl/3, the time etcd has to
+        # answer before this node says degraded.
+        self.etcd = Etcd(config.etcd, timeout=config.ttl / 3 / len(config.etcd),
+                         tls_ca=config.etcd_ca, tls_cert=config.etcd_cert,
+                         tls_key=config.etcd_key)
         self.on_members = on_members
         self.load = load
         self.key = f"{config.prefix}nodes/{config.node}"
@@ -93,30 +106,44 @@ class Fleet:
     # the loop ---------------------------------------------------------------
 
     async def _run(self) -> None:
+        failing_since: float | None = None  # the first failure since etcd answered
         while True:
             try:
                 await self._session()
             except EtcdError as error:
-                if self.state != "degraded":
-                    logger.warning("fleet: etcd unreachable, keeping the %d members known: %s",
-                                   len(self.members), error)
-                self.state, self.reason = "degraded", str(error)[:300]
+                reason = str(error)[:300]
             except Exception:  # never let the fleet take routerd down
                 logger.exception("fleet: unexpected failure")
-                self.state, self.reason = "degraded", "internal error"
-            self.lease = None
+                reason = "internal error"
+            now = time.monotonic()
+            if failing_since is None or self.etcd.answered_at > failing_since:
+                failing_since = now
+            if now - failing_since < self.config.ttl / 3:
+                logger.info("fleet: etcd failed, trying again: %s", reason)
+                await asyncio.sleep(RETRY_SOON)
+                continue
+            if self.state != "degraded":
+                logger.warning("fleet: etcd unreachable, keeping the %d members known: %s",
+                               len(self.members), reason)
+            self.state, self.reason, self.lease = "degraded", reason, None
             await asyncio.sleep(RETRY)
 
     async def _session(self) -> None:
-        """One stretch with etcd answering: lease, publish, read, watch and
-        renew until something fails (EtcdError)."""
-        self.lease = await self.etcd.grant(self.config.ttl)
+        """One stretch with etcd answering: lease (the one held, while it
+        lives), publish, read, watch and renew until something fails
+        (EtcdError)."""
+        if self.lease is not None and await self.etcd.keepalive(self.lease) == 0:
+            self.lease = None
+        if self.lease is None:
+            self.lease = await self.etcd.grant(self.config.ttl)
         self._published = None
         await self._publish()
         revision, found = await self.etcd.range_prefix(f"{self.config.prefix}nodes/")
-        self.members = {}
+        known, self.members = self.members, {}
         for key, value in found.items():
-            self._apply(key, value)
+            self._apply(key, value, known)
+        for node in sorted(known.keys() - self.members.keys()):
+            logger.info("fleet: %s left", node)
         self._changed()
         if self.state != "ok":
             logger.info("fleet: member %s of %d, etcd answering", self.config.node,
@@ -168,7 +195,10 @@ class Fleet:
 
     # members ------------------------------------------------------------------
 
-    def _apply(self, key: str, value: str) -> None:
+    def _apply(self, key: str, value: str,
+               known: dict[str, dict[str, Any]] | None = None) -> None:
+        """A member's record; `known`: the members before (else the current
+        ones), to tell who joined."""
         node = key.rpartition("/")[2]
         if node == self.config.node:
             return
@@ -181,7 +211,7 @@ class Fleet:
             return
         if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
             return
-        if node not in self.members:
+        if node not in (self.members if known is None else known):
             logger.info("fleet: %s joined at %s", node, endpoint)
         self.members[node] = {**record, "models": models}
 
@@ -214,10 +244,16 @@ class Fleet:
         return tuple(found)
 
     def full(self) -> dict[str, float]:
-        """Members that published no free slot (their runtimed is full), and
-        when they published it (epoch seconds)."""
+        """Members that published no free slot (their runtimed is full) or
+        more requests waiting than queue_bound, and when they published it
+        (epoch seconds)."""
         return {f"fleet:{node}": float(record.get("published") or 0.0)
-                for node, record in self.members.items() if record.get("free_slots") == 0}
+                for node, record in self.members.items()
+                if record.get("free_slots") == 0 or self._over_queue(record)}
+
+    def _over_queue(self, record: dict[str, Any]) -> bool:
+        queued = record.get("queue_depth")
+        return isinstance(queued, int) and queued > self.config.queue_bound
 
     def free_slots(self, provider_id: str) -> int | None:
         """What member `provider_id` (fleet:NODE) last published of its free

@@ -76,6 +76,8 @@ class Gateway:
         self.ended_at: dict[str, float] = {}
         #: runtimed providers' free slots at the last look (None: unknown).
         self.free_slots: dict[str, int | None] = {}
+        #: runtimed providers' requests waiting for a slot at the last look.
+        self.queued: dict[str, int] = {}
         self._load_at = float("-inf")
         self._tasks: set[asyncio.Task[None]] = set()
         self._effective: tuple[object, object, tuple[ProviderConfig, ...]] = (None, None, ())
@@ -309,12 +311,19 @@ class Gateway:
             load = await probe() if probe is not None else None
             free = None if load is None else int(load["free_slots"])
             self.free_slots[config.id] = free
+            self.queued[config.id] = int(load.get("queue_depth") or 0) if load else 0
             if load is not None:
                 self._report_caches(config.id, load)
-            if free == 0:
+            if free == 0 or self._over_queue(self.queued[config.id]):
                 self.full[config.id] = asked
             else:
                 self.full.pop(config.id, None)
+
+    def _over_queue(self, queued: int) -> bool:
+        """In a fleet, a runtimed with more requests waiting than
+        [fleet] queue_bound counts as full: its prefixes overflow to their
+        next home."""
+        return bool(self.config.fleet.etcd) and queued > self.config.fleet.queue_bound
 
     def _report_caches(self, provider: str, load: Any) -> None:
         """What a runtimed's load says its KV caches hold, per model it
@@ -347,8 +356,15 @@ class Gateway:
         home = chain[0][0] if chain and chain[-1][1] >= scoring.AFFINITY_STEP else None
         return scoring.candidates(model, providers, self.health, prompt_tokens, now,
                                   self.breakers, self.throttled(), self._busy(self.fleet_full),
-                                  affinity,
-                                  home)
+                                  affinity, home, self.node_of)
+
+    def node_of(self, provider: str) -> str:
+        """The fleet node `provider` runs on: a member's node id, this node's
+        for its own (local) providers; other providers are their own."""
+        if provider.startswith("fleet:") and any(p.id == provider for p in self.fleet):
+            return provider.removeprefix("fleet:")
+        local = any(p.id == provider and p.tier == "local" for p in self.config.providers)
+        return self.config.fleet.node if local and self.config.fleet.node else provider
 
     def chain(self, endpoint: str, request: dict[str, Any],
               model: str) -> list[tuple[str, int]]:

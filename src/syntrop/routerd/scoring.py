@@ -7,7 +7,7 @@ ties go to the provider listed first in the configuration.
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from syntrop.routerd.config import ProviderConfig
@@ -163,6 +163,7 @@ def candidates(
     full: frozenset[str] = frozenset(),
     affinity: Affinity | None = None,
     home: str | None = None,
+    node_of: Callable[[str], str] | None = None,
 ) -> list[Scored]:
     """Candidates for `model` (a model or an alias), best first: those a
     breaker lets through before cooling ones, and under `throttle_local`
@@ -173,9 +174,11 @@ def candidates(
     earlier; then a candidate whose cache has no room for a new prefix
     after those that have; then, with `home` (a key of the request's
     prefix), the candidates that report a cache in the order rendezvous
-    hashing of `home` gives them, so that each prefix has a home and new
-    ones spread over the fleet. Cooling candidates stay in the list so
-    that the caller can wait for the earliest `retry_at`."""
+    hashing of `home` over their nodes gives them (`node_of`: a provider's
+    node id; without it, the provider's own id), so that each prefix has
+    the same home whichever node routes it and new ones spread over the
+    fleet. Cooling candidates stay in the list so that the caller can wait
+    for the earliest `retry_at`."""
     now = time.monotonic() if now is None else now
     kind = intent(model, prompt_tokens)
     ws, wc, wcap = WEIGHTS[kind]
@@ -210,14 +213,24 @@ def candidates(
         no_room = roomy and room is False
         if no_room:
             scored = dataclasses.replace(scored, cache_full=True)
-        rank = _rendezvous(home, scored.provider) if home and room is not None else ""
+        node = node_of(scored.provider) if node_of is not None else scored.provider
+        rank = _rendezvous(home, node) if home and room is not None else ""
         result.append((scored.cooling, throttled, -(chars // AFFINITY_STEP), no_room,
                        rank or "~", -total, order, scored))
     result.sort(key=lambda item: item[:7])
     return [item[7] for item in result]
 
 
-def _rendezvous(key: str, provider: str) -> str:
+def homes(key: str, nodes: Iterable[str], busy: Collection[str] = ()) -> list[str]:
+    """The nodes in the order they are home to prefix `key`: rendezvous
+    hashing of `key` over their ids, the `busy` ones (no free slot, or a
+    queue over the bound) after the others in the same order. Every node
+    that knows the same members computes the same list; the first is the
+    home, the next the overflow home. `candidates` orders by the same."""
+    return sorted(set(nodes), key=lambda node: (node in busy, _rendezvous(key, node)))
+
+
+def _rendezvous(key: str, node: str) -> str:
     from syntrop.system.digest import sha256  # not hashlib: it maps libcrypto
 
-    return str(sha256(f"{key}\0{provider}".encode()).hexdigest())
+    return str(sha256(f"{key}\0{node}".encode()).hexdigest())

@@ -111,6 +111,7 @@ class RouterService(Router1):
         return {"models": self.gateway.local_models(),
                 "caches": caches,
                 "free_slots": sum(slots) if slots else None,
+                "queue_depth": sum(self.gateway.queued.values()),
                 "memory_some": round(self.gateway.pressure.memory_some(), 1),
                 "free_accelerator_bytes": free_accelerator_bytes(),
                 # In 64 MiB steps: the record is written again only when

@@ -98,3 +98,100 @@ def test_new_prefixes_have_stable_homes_spread_over_the_caches() -> None:
     assert all(first(home) == chosen for home, chosen in homes.items())
     # Without a home (a short chat): the scores, local first.
     assert scoring.candidates("m", providers, {})[0].provider == "a"
+
+
+# homes by node identity ---------------------------------------------------------
+
+NODES = ("a", "b", "c")
+
+
+def entry(node: str) -> tuple[ProviderConfig, ...]:
+    """What node `node` of a three-node fleet routes to: its own runtimed
+    (the same id on every node) and the others as fleet members."""
+    own = ProviderConfig(id="runtimed-local", kind="runtimed", tier="local", models=("m",))
+    return (own, *(ProviderConfig(id=f"fleet:{n}", kind="peer", endpoint=f"http://{n}/v1",
+                                  tier="lan", models=("m",)) for n in NODES if n != node))
+
+
+def node_of(node: str) -> Any:
+    return lambda provider: node if provider == "runtimed-local" else \
+        provider.removeprefix("fleet:")
+
+
+def served(node: str, key: str, full: frozenset[str] = frozenset(),
+           throttled: bool = False) -> list[str]:
+    """The nodes a request of prefix `key` entering at `node` tries, in order;
+    `full`: members that published no free slot, `throttled`: its own
+    runtimed has none."""
+    from syntrop.routerd import scoring
+
+    def affinity(provider: str, model: str) -> tuple[int, bool | None]:
+        return 0, True
+
+    found = scoring.candidates("m", entry(node), {}, affinity=affinity, home=key,
+                               node_of=node_of(node), full=full, throttle_local=throttled)
+    return [node_of(node)(c.provider) for c in found]
+
+
+def test_rendezvous_is_over_node_ids_so_every_entry_node_picks_one_home() -> None:
+    from syntrop.routerd import scoring
+
+    keys = [f"prefix-{i}" for i in range(40)]
+    for key in keys:
+        order = scoring.homes(key, NODES)
+        assert sorted(order) == sorted(NODES)
+        assert order == scoring.homes(key, reversed(NODES))  # not the order listed
+        assert all(served(node, key) == order for node in NODES), key
+    # New prefixes still spread over the fleet.
+    assert {scoring.homes(key, NODES)[0] for key in keys} == set(NODES)
+    # A node joining takes some homes and moves no other.
+    grown = {key: scoring.homes(key, (*NODES, "d"))[0] for key in keys}
+    assert all(home in ("d", scoring.homes(key, NODES)[0]) for key, home in grown.items())
+    assert "d" in grown.values()
+
+
+def test_a_busy_home_overflows_to_the_next_in_the_same_order() -> None:
+    from syntrop.routerd import scoring
+
+    for key in (f"prefix-{i}" for i in range(20)):
+        home, second, third = scoring.homes(key, NODES)
+        assert scoring.homes(key, NODES, busy={home}) == [second, third, home]
+        assert scoring.homes(key, NODES, busy={home, second}) == [third, home, second]
+        # Every entry node overflows to the same node: the member's published
+        # load (`full`), or its own runtimed's (throttled) on the home itself.
+        for node in NODES:
+            if node == home:
+                order = served(node, key, throttled=True)
+            else:
+                order = served(node, key, full=frozenset({f"fleet:{home}"}))
+            assert order == [second, third, home], (key, node, order)
+
+
+def test_a_resident_prefix_overrides_the_hash() -> None:
+    from syntrop.routerd import scoring
+
+    key = "prefix-0"
+    _, second, _ = scoring.homes(key, NODES)
+
+    def affinity(provider: str, model: str) -> tuple[int, bool | None]:
+        return (4 * scoring.AFFINITY_STEP if provider == f"fleet:{second}" else 0), True
+
+    for node in NODES:
+        if node == second:
+            continue
+        found = scoring.candidates("m", entry(node), {}, affinity=affinity, home=key,
+                                   node_of=node_of(node))
+        assert node_of(node)(found[0].provider) == second
+
+
+def test_the_gateway_names_its_own_providers_by_its_node() -> None:
+    from syntrop.routerd.config import FleetConfig
+
+    config = Config(listen=(), providers=(A,), fleet=FleetConfig(
+        etcd=("http://e:2379",), node="n1", advertise="http://n1/v1"))
+    gateway = Gateway(config, Paths.from_environment(), pressure=Pressure(0.0))
+    member = ProviderConfig(id="fleet:n2", kind="peer", endpoint="http://n2/v1", tier="lan",
+                            models=("m",))
+    gateway.set_fleet((member,))
+    assert [gateway.node_of(p) for p in ("a", "fleet:n2", "fleet:gone")] == \
+        ["n1", "n2", "fleet:gone"]

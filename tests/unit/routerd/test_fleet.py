@@ -1,7 +1,9 @@
 """The fleet's pure parts: [fleet] parsing, etcd's JSON, members from records."""
 
+import asyncio
 import base64
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,61 @@ def test_pressure_and_rss_come_from_syntrop_system(tmp_path: Path) -> None:
     assert read_memory_some(str(pressure)) == 0.0
     assert read_memory_some(str(tmp_path / "absent")) == 0.0
     assert rss_bytes() > 1 << 20 and rss_bytes(2 ** 22 + 7) == 0
+
+
+def test_a_member_whose_queue_is_over_the_bound_counts_as_full() -> None:
+    config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a", "queue_bound": 2,
+                              "advertise": "http://a:1/v1"}}).fleet
+    assert config.queue_bound == 2 and parse({}).fleet.queue_bound == 4
+    fleet = Fleet(config, lambda members, full, caches: None, nothing)
+    for node, queued in (("b", 2), ("c", 3), ("d", None)):
+        fleet._apply(f"/syntrop/fleet/nodes/{node}", json.dumps(
+            {"endpoint": f"http://{node}:1/v1", "free_slots": 1, "queue_depth": queued}))
+    assert set(fleet.full()) == {"fleet:c"}
+
+
+class Flaky:
+    """An etcd whose sessions fail `failures` times, each after an endpoint
+    answered (`answers`: a member lost, the next one answers) or not."""
+
+    def __init__(self, failures: int, answers: bool) -> None:
+        self.failures, self.answers, self.sessions = failures, answers, 0
+        self.answered_at = float("-inf")
+        self.held = asyncio.Event()
+
+
+def test_only_ttl_over_3_without_any_answer_is_degraded() -> None:
+    """A session that fails is started again at once; only ttl/3 without
+    any endpoint answering makes the node degraded."""
+    config = parse({"fleet": {"etcd": ["http://e1:2379", "http://e2:2379"], "node": "a",
+                              "advertise": "http://a:1/v1", "ttl": 2}}).fleet
+
+    async def run(failures: int, answers: bool) -> list[str]:
+        fleet = Fleet(config, lambda members, full, caches: None, nothing)
+        flaky = Flaky(failures, answers)
+        states: list[str] = []
+
+        async def session() -> None:
+            flaky.sessions += 1
+            states.append(fleet.state)
+            if fleet.state == "degraded" or flaky.sessions > flaky.failures:
+                flaky.held.set()
+                await asyncio.Event().wait()
+            if flaky.answers:
+                flaky.answered_at = time.monotonic()
+            raise etcd.EtcdError("connection reset")
+
+        fleet.etcd = flaky  # type: ignore[assignment]
+        fleet._session = session  # type: ignore[method-assign]
+        fleet.state = "ok"
+        task = asyncio.get_running_loop().create_task(fleet._run())
+        await asyncio.wait_for(flaky.held.wait(), 10)
+        task.cancel()
+        return states
+
+    # Failing again and again for longer than ttl/3, an endpoint answering
+    # each time: never degraded.
+    assert asyncio.run(run(30, True)) == ["ok"] * 31
+    # Nothing answers: degraded, once ttl/3 has passed since the first failure.
+    states = asyncio.run(run(10 ** 6, False))
+    assert states[-1] == "degraded" and states[:-1] == ["ok"] * (len(states) - 1)
