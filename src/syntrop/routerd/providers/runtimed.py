@@ -47,6 +47,20 @@ def _logprobs(endpoint: str, body: dict[str, Any]) -> int | None:
     return top
 
 
+#: reasoning_effort → runtimed's reasoning_budget (thinking tokens at most).
+EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 256, "medium": 1024, "high": 4096}
+
+
+def _reasoning_budget(body: dict[str, Any]) -> int | None:
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if effort not in EFFORT_BUDGETS:
+        raise ProviderError(400, f"reasoning_effort must be one of "
+                                 f"{', '.join(EFFORT_BUDGETS)}", retryable=False)
+    return EFFORT_BUDGETS[effort]
+
+
 def _sampling(endpoint: str, body: dict[str, Any]) -> Any:
     from syntrop.interfaces.runtime import Sampling
 
@@ -59,6 +73,7 @@ def _sampling(endpoint: str, body: dict[str, Any]) -> Any:
         seed=body.get("seed"),
         stop=[stop] if isinstance(stop, str) else stop,
         logprobs=_logprobs(endpoint, body),
+        reasoning_budget=_reasoning_budget(body),
     )
 
 
@@ -157,8 +172,12 @@ def _failed(error: Exception) -> ProviderError:
     from syntrop.varlink.client import CallTimeout
 
     if isinstance(error, VarlinkErrorReply):
+        params = error.paramstojson() or {}
+        if error.name.endswith("InvalidSampling") and \
+                params.get("parameter") == "reasoning_budget":
+            return ProviderError(400, f"reasoning_effort: this model does not think "
+                                      f"({params.get('reason')})", retryable=False)
         if error.name.endswith(("InvalidParameter", "InvalidSampling", "InvalidConstraint")):
-            params = error.paramstojson() or {}
             named = params.get("parameter") or params.get("message") or params.get("reason")
             why = f": {named}" if named else ""
             return ProviderError(400, f"runtimed refused the request{why} "
@@ -178,6 +197,8 @@ class _Whole:
     """One generation, collected."""
 
     parts: list[str] = field(default_factory=list)
+    #: A thinking model's reasoning (chunks runtimed marks thinking).
+    thinking: list[str] = field(default_factory=list)
     #: runtimed's TokenLogprobs, when asked for.
     logprobs: list[Any] | None = None
     tokens: int = 0
@@ -266,11 +287,18 @@ class RuntimedProvider:
             prompt = chunk.prompt_tokens or prompt
             entries = chunk.logprobs
             if endpoint != "chat/completions":
+                if chunk.thinking:  # a completion's text is the answer alone
+                    continue
                 choice = {"index": 0, "text": chunk.text, "finish_reason": chunk.finish_reason}
                 if entries is not None:
                     choice["logprobs"] = _text_logprobs(entries, offset)
                 offset += len(chunk.text)
                 yield out(choice)
+                continue
+            if chunk.thinking:  # a thinking model's reasoning, apart from its answer
+                yield out({"index": 0, "delta": {**role, "reasoning_content": chunk.text},
+                           "finish_reason": chunk.finish_reason})
+                role = {}
                 continue
             if calls is None:
                 choice = {"index": 0, "delta": {**role, "content": chunk.text},
@@ -340,7 +368,7 @@ class RuntimedProvider:
                        plan: "tools.Plan | None") -> "_Whole":
         whole = _Whole()
         async for chunk in self._chunks(endpoint, body, plan):
-            whole.parts.append(chunk.text)
+            (whole.thinking if chunk.thinking else whole.parts).append(chunk.text)
             if chunk.logprobs is not None:
                 whole.logprobs = (whole.logprobs or []) + list(chunk.logprobs)
             whole.tokens += chunk.tokens
@@ -372,6 +400,8 @@ class RuntimedProvider:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if plan is not None:
                 message, finish = tools.reply(text, plan, finish)
+            if whole.thinking:
+                message["reasoning_content"] = "".join(whole.thinking)
             choices.append({"index": index, "finish_reason": finish, "message": message,
                             "logprobs": _chat_logprobs(whole.logprobs or []) if asked
                             else None})
