@@ -38,3 +38,24 @@ def test_stream_inference_runs_on_runtimed_under_an_interactive_lease(tmp_path: 
             with pytest.raises(varlink.VarlinkError) as caught:
                 list(iface.StreamInference(model="nope", prompt="x", _more=True))
             assert caught.value.error() == f"{NAME}.ModelNotFound"
+
+
+def test_a_model_only_modeld_holds_streams_text_nine_times_in_ten(tmp_path: Path) -> None:
+    """After `make run` the models are modeld's, never registered with
+    inferenced: StreamInference knows them (ListModels lists them), puts
+    the prompt under the model's chat template and answers text."""
+    path = smollm2()
+    with ExitStack() as stack, model_node(tmp_path, stack):
+        inferenced = stack.enter_context(activated("inferenced", tmp_path))
+        with varlink.Client(address=inferenced.address) as client, client.open(NAME) as iface:
+            listed = {m["id"]: m for m in iface.ListModels()["models"]}
+            assert listed["smollm2"]["estimated_memory"] == os.stat(path).st_size
+            assert listed["smollm2"]["path"] == "modeld"
+            answered = 0
+            for question in ("Name a river.", "What is 2 + 2?", "Say hello.", "Name a colour.",
+                             "Name a fruit.", "What is the sky's colour?", "Name a city.",
+                             "Say yes.", "Name an animal.", "Name a planet."):
+                chunks = [reply["chunk"] for reply in
+                          iface.StreamInference(model="smollm2", prompt=question, _more=True)]
+                answered += bool("".join(chunks).strip())
+            assert answered >= 9, answered

@@ -60,6 +60,8 @@ LEVELS = ("normal", "elevated", "critical")
 REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
 PSI_CACHE = 0.5
 MAX_NAME = 256
+#: Seconds modeld may take to list its models.
+MODELD_TIMEOUT = 5.0
 def _check_name(value: str | None, parameter: str) -> None:
     if value is not None and (len(value) > MAX_NAME or "\0" in value):
         raise InvalidParameter(parameter=parameter)
@@ -506,18 +508,44 @@ class InferenceService(Inference1):
         return out
 
     @implements
-    def ListModels(self) -> list[ModelInfo]:
+    async def ListModels(self) -> list[ModelInfo]:
+        """The models registered here, then those only modeld holds (by
+        name[:tag], their weights' size, "modeld" as their path)."""
+        known = [(m.id, m.format, m.path, m.estimated_bytes) for m in self.models.values()]
+        stored = await self._stored()
+        known += [(name, "gguf", "modeld", size) for name, size in sorted(stored.items())
+                  if name not in self.models]
         return [
             ModelInfo(
-                id=m.id, format=m.format, path=m.path, estimated_memory=m.estimated_bytes,
+                id=name, format=format, path=path, estimated_memory=size,
                 placement=",".join(
                     p.id for p in self.topology.planes
                     if p.id not in self.quarantine
-                    and self.arbiter.available(p.id, "Interactive") >= m.estimated_bytes
+                    and self.arbiter.available(p.id, "Interactive") >= size
                 ) or "none",
             )
-            for m in self.models.values()
+            for name, format, path, size in known
         ]
+
+    async def _stored(self) -> dict[str, int]:
+        """What modeld stores: name (and name:tag for tags other than
+        latest) → bytes of its weights; {} when modeld cannot be reached."""
+        from syntrop.interfaces.model import Model1
+        from syntrop.varlink.client import connect
+
+        try:
+            async with await connect(Model1, address=self.paths.socket(Model1.name),
+                                     timeout=MODELD_TIMEOUT) as modeld:
+                listed = (await modeld.List())["models"]
+        except Exception as error:  # modeld is optional to inferenced
+            logger.info("modeld's models unknown: %s", error)
+            return {}
+        stored = {}
+        for model in listed:
+            stored[f"{model.name}:{model.tag}"] = model.size
+            if model.tag == "latest":
+                stored[model.name] = model.size
+        return stored
 
     @implements
     async def RegisterModel(self, *, id: str, format: str, path: str, estimated_bytes: int) -> None:
@@ -537,19 +565,22 @@ class InferenceService(Inference1):
 
     @implements
     async def StreamInference(self, *, model: str, prompt: str) -> AsyncIterator[str]:
-        """Under an Interactive lease sized to the model, on the plane its
-        placement names, forward to runtimed's Complete (the model id is
-        the name modeld stores it under) and relay the text."""
-        registered = self.models.get(model)
-        if registered is None:
-            raise ModelNotFound(model=model)
+        """Under an Interactive lease sized to the model (registered here,
+        or its weights as modeld stores them), on the plane its placement
+        names: the prompt as a user's message under the model's chat
+        template, through runtimed's Chat with the model's defaults, and
+        the answer's text relayed."""
         if len(prompt) > 1 << 20:
             raise InvalidParameter(parameter="prompt")
+        registered = self.models.get(model)
+        size = registered.estimated_bytes if registered is not None else \
+            (await self._stored()).get(model)
+        if size is None:
+            raise ModelNotFound(model=model)
         async with self.lock:
-            plane = self._best_plane("Interactive", registered.estimated_bytes)
+            plane = self._best_plane("Interactive", size)
             (lease,), pending = self._grant(
-                [(plane, registered.estimated_bytes)], priority="Interactive", unit=None,
-                pid=None,
+                [(plane, size)], priority="Interactive", unit=None, pid=None,
             )
         await self.leases.settle(pending)
         try:
@@ -565,7 +596,7 @@ class InferenceService(Inference1):
     async def _complete(self, model: str, prompt: str) -> AsyncIterator[str]:
         from asyncvarlink import VarlinkErrorReply
 
-        from syntrop.interfaces.runtime import Runtime1
+        from syntrop.interfaces.runtime import ChatMessage, Runtime1
         from syntrop.varlink.client import CallTimeout, connect
 
         try:
@@ -574,7 +605,8 @@ class InferenceService(Inference1):
             raise RuntimeUnavailable(reason=f"cannot reach runtimed: {error}") from None
         async with client:
             try:
-                async for reply in client.Complete(model=model, prompt=prompt):
+                async for reply in client.Chat(
+                        model=model, messages=[ChatMessage(role="user", content=prompt)]):
                     yield reply["chunk"].text
             except VarlinkErrorReply as error:
                 raise RuntimeUnavailable(reason=f"runtimed answered {error.name}") from None
