@@ -67,6 +67,13 @@ class Etcd:
         #: When an endpoint last answered (monotonic seconds).
         self.answered_at = float("-inf")
 
+    def close(self) -> None:
+        """Let go of every endpoint's connections."""
+        for client in self.clients:
+            for _, writer in client.idle:
+                writer.close()
+            client.idle.clear()
+
     def _next(self) -> None:
         """The endpoint that answered last failed: start with the next."""
         self._good = (self._good + 1) % len(self.clients)

@@ -102,6 +102,7 @@ class Fleet:
         if self.lease is not None:
             with contextlib.suppress(EtcdError):
                 await asyncio.wait_for(self.etcd.revoke(self.lease), 1.0)
+        self.etcd.close()
 
     # the loop ---------------------------------------------------------------
 

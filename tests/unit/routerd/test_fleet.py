@@ -1,10 +1,12 @@
-"""The fleet's pure parts: [fleet] parsing, etcd's JSON, members from records."""
+"""The fleet's parts: [fleet] parsing, etcd's JSON and failover, members from records,
+when a node is degraded."""
 
 import asyncio
 import base64
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +156,55 @@ def test_only_ttl_over_3_without_any_answer_is_degraded() -> None:
     # Nothing answers: degraded, once ttl/3 has passed since the first failure.
     states = asyncio.run(run(10 ** 6, False))
     assert states[-1] == "degraded" and states[:-1] == ["ok"] * (len(states) - 1)
+
+
+def test_etcd_requests_fail_over_past_a_member_that_hangs_drops_or_refuses() -> None:
+    """Three loopback stand-ins for etcd's gateway: one never answers, one
+    drops the connection in the middle of its answer, one answers. Every
+    request reaches the third, the renewal's stream too, and the next
+    request starts there."""
+    answers: list[bytes] = []
+    done = asyncio.Event()
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        await reader.read(65536)
+        await done.wait()
+        writer.close()
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"kvs\"")
+        await writer.drain()
+        writer.transport.abort()
+        writer.close()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        while request := await reader.read(65536):
+            answers.append(request.split(b" ")[1])
+            body = b'{"result": {"TTL": "3"}}\n' if b"keepalive" in request else \
+                b'{"header": {"revision": "5"}, "kvs": []}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        servers = [await asyncio.start_server(handler, "127.0.0.1", 0)
+                   for handler in (hang, drop, answer)]
+        urls = tuple(f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers)
+        client = etcd.Etcd(urls, timeout=0.3)
+        assert await client.range_prefix("/p/") == (5, {})
+        assert await client.keepalive(7) == 3
+        assert client._good == 2 and client.answered_at > float("-inf")
+        assert await client.range_prefix("/p/") == (5, {})  # straight to the third
+        assert answers == [b"/v3/kv/range", b"/v3/lease/keepalive", b"/v3/kv/range"]
+        client.close()
+        done.set()
+        await asyncio.gather(*handlers)
+        for server in servers:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())
