@@ -216,11 +216,20 @@ def _call(call: dict[str, Any]) -> dict[str, Any]:
 
 def reply(text: str, plan: Plan, finish: str) -> tuple[dict[str, Any], str]:
     """The assistant message and finish_reason of a whole reply. A reply
-    cut short (finish "length": max_tokens ended it mid-JSON) is returned
-    as the text it is."""
+    cut short (finish "length": max_tokens ended it mid-JSON) keeps what it
+    answered: an answer's text so far (its JSON string decoded), a JSON
+    answer's JSON so far; a call cut short is no call and no content,
+    never raw JSON shown as the answer."""
     try:
         value = json.loads(text)
     except ValueError:
+        if (answer := _ANSWER.match(text)) is not None:
+            return {"role": "assistant", "content": _string_prefix(text[answer.end():])[0]}, \
+                finish
+        if (content := _JSON_ANSWER.match(text)) is not None and plan.json_content:
+            return {"role": "assistant", "content": text[content.end():]}, finish
+        if text.lstrip().startswith("{"):
+            return {"role": "assistant", "content": None}, finish
         return {"role": "assistant", "content": text}, finish
     if isinstance(value, dict) and "tool_calls" in value:
         return ({"role": "assistant", "content": None,
@@ -232,6 +241,7 @@ def reply(text: str, plan: Plan, finish: str) -> tuple[dict[str, Any], str]:
 
 
 _ANSWER = re.compile(r'\s*\{\s*"content"\s*:\s*"')
+_JSON_ANSWER = re.compile(r'\s*\{\s*"content"\s*:\s*')
 
 
 def _string_prefix(text: str) -> tuple[str, bool]:

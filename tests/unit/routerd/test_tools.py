@@ -113,8 +113,26 @@ def test_a_reply_becomes_calls_or_content() -> None:
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert tools.reply('{"content":"hello"}', plan, "stop") == (
         {"role": "assistant", "content": "hello"}, "stop")
+    # Cut short by max_tokens: no half call, no raw JSON for an answer.
     cut = '{"tool_calls":[{"name":"get_we'
-    assert tools.reply(cut, plan, "length") == ({"role": "assistant", "content": cut}, "length")
+    assert tools.reply(cut, plan, "length") == ({"role": "assistant", "content": None},
+                                                "length")
+    assert tools.reply('{"content":"hel', plan, "length") == (
+        {"role": "assistant", "content": "hel"}, "length")
+    shaped = tools.plan(_body(tools=[WEATHER], response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+        {"type": "object"})
+    assert shaped is not None
+    assert tools.reply('{"content":{"a":[1,', shaped, "length") == (
+        {"role": "assistant", "content": '{"a":[1,'}, "length")
+
+
+def test_a_streamed_call_cut_short_sends_no_call_and_no_json() -> None:
+    plan = tools.plan(_body(tools=[WEATHER], tool_choice="required"))
+    assert plan is not None
+    stream = tools.ToolStream(plan)
+    assert stream.feed('{"tool_calls":[{"name":"get_weather","argu') == []
+    assert stream.finish("length") == ([], "length")
 
 
 @given(st.text(), st.lists(st.integers(min_value=1, max_value=7), max_size=30), st.booleans())
