@@ -226,8 +226,8 @@ def reply(text: str, plan: Plan, finish: str) -> tuple[dict[str, Any], str]:
         if (answer := _ANSWER.match(text)) is not None:
             return {"role": "assistant", "content": _string_prefix(text[answer.end():])[0]}, \
                 finish
-        if (content := _JSON_ANSWER.match(text)) is not None and plan.json_content:
-            return {"role": "assistant", "content": text[content.end():]}, finish
+        if (shaped := _JSON_ANSWER.match(text)) is not None and plan.json_content:
+            return {"role": "assistant", "content": text[shaped.end():]}, finish
         if text.lstrip().startswith("{"):
             return {"role": "assistant", "content": None}, finish
         return {"role": "assistant", "content": text}, finish
