@@ -12,7 +12,9 @@ incident's own part: prefill and answer (timed on the first order only:
 with `named`, the later orders give the same prompt). Columns: right (the
 model), first (always the first plan offered), listed (always the first
 plan the prompt lists), rules (the rules' plan), and the same on the
-failures where the rules say a human must. Strategies:
+failures where the rules say a human must, then the incident's turn in
+tokens (max and median over the set: what a warm session prefills per
+failure, its chat markup included) and the answer's most tokens. Strategies:
 
 - `named`: decide.py as shipped (plans by name, in a fixed order);
 - `numbered`: the prompt before it (commit BEFORE: plans as numbered JSON
@@ -78,6 +80,7 @@ class Tally:
     human_runs: int = 0
     human_right: int = 0
     human_rules: int = 0
+    answer_tokens: int = 0
 
 
 def _load(path: Path, variant: str | None) -> Any:
@@ -92,7 +95,7 @@ def _load(path: Path, variant: str | None) -> Any:
 
 
 def _decide(llm: Any, tokenizer: Any, module: Any, offer: Offer,
-            offered: list[Plan]) -> tuple[Plan | None, float, str]:
+            offered: list[Plan]) -> tuple[Plan | None, float, str, int]:
     import llama_cpp
 
     from syntrop.runtimed import constrain
@@ -107,10 +110,11 @@ def _decide(llm: Any, tokenizer: Any, module: Any, offer: Offer,
                                      logits_processor=llama_cpp.LogitsProcessorList([guide]))
     took = time.perf_counter() - started
     text = out["choices"][0]["message"]["content"] or ""
+    tokens = int(out["usage"]["completion_tokens"])
     try:
-        return module.parse(text, offered), took, text
+        return module.parse(text, offered), took, text, tokens
     except ValueError:
-        return None, took, text
+        return None, took, text, tokens
 
 
 def _first_listed(module: Any, offered: list[Plan]) -> Plan:
@@ -119,13 +123,30 @@ def _first_listed(module: Any, offered: list[Plan]) -> Plan:
     return named(offered)[0][1] if named else offered[0]
 
 
+def suffix_tokens(llm: Any, module: Any) -> list[int]:
+    """Each incident's turn in tokens, as a warm session prefills it (after
+    the prefix: the turn and the opened answer, in ChatML); the whole prompt
+    for a strategy without a stable prefix."""
+    from syntrop.sentry.warm import chatml
+
+    counts = []
+    for offer in offers():
+        if hasattr(module, "suffix_messages"):
+            turn = chatml(module.suffix_messages(offer.evidence, offer.offered), answer=True)
+        else:
+            turn = chatml(module.messages(offer.evidence, offer.offered), answer=True)
+        counts.append(len(llm.tokenize(turn.encode(), add_bos=False, special=True)))
+    return counts
+
+
 def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
-        variant: str | None) -> tuple[Tally, list[float]]:
+        variant: str | None) -> tuple[Tally, list[float], list[int]]:
     from syntrop.runtimed import constrain
 
     llm = _load(model_path(model), variant)
     tokenizer = constrain.tokenizer_for(llm)
     module = strategy(name)
+    turns = suffix_tokens(llm, module)
     every = offers()
     _decide(llm, tokenizer, module, every[0], every[0].offered)  # the prefix, once
     tally, times = Tally(), list[float]()
@@ -138,14 +159,15 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
         for shuffle in range(shuffles):
             if time.monotonic() > deadline:
                 print(f"  cap of {cap:.0f} s reached after {tally.runs} runs", flush=True)
-                return tally, times
+                return tally, times, turns
             offered = list(offer.offered)
             random.Random(1000 * shuffle + index).shuffle(offered)
-            chosen, took, text = _decide(llm, tokenizer, module, offer, offered)
+            chosen, took, text, tokens = _decide(llm, tokenizer, module, offer, offered)
             if shuffle == 0:  # later orders give the same prompt with `named`: cached
                 times.append(took)
             right = chosen is not None and offer.is_right(chosen)
             tally.runs += 1
+            tally.answer_tokens = max(tally.answer_tokens, tokens)
             tally.right += right
             tally.rejected += chosen is None
             tally.first += offer.is_right(offered[0])
@@ -158,7 +180,7 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
             if verbose or not right:
                 print(f"  {'ok ' if right else 'BAD'} {offer.incident.name[:52]:52} "
                       f"{text.strip()[:60]:60} {took * 1e3:5.0f} ms", flush=True)
-    return tally, times
+    return tally, times, turns
 
 
 def _pct(part: int, whole: int) -> str:
@@ -179,19 +201,20 @@ def main() -> None:
     for model in args.models.split(","):
         for name in args.strategies.split(","):
             print(f"{model} / {name}", flush=True)
-            tally, times = run(model, name, args.shuffles, args.cap, args.verbose,
-                               args.variant)
-            rows.append((model, name, tally, times))
+            tally, times, turns = run(model, name, args.shuffles, args.cap, args.verbose,
+                                      args.variant)
+            rows.append((model, name, tally, times, turns))
     print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'first':>6} "
           f"{'listed':>6} {'rules':>6} {'rejected':>8} {'human-must right / rules':>26} "
-          f"{'decide p50 / max (new incident)':>32}")
-    for model, name, t, times in rows:
+          f"{'decide p50 / max (new incident)':>32} {'turn max / p50':>14} {'answer':>6}")
+    for model, name, t, times, turns in rows:
         p50 = statistics.median(times) if times else 0.0
         print(f"{model:10} {name:9} {t.runs:>4} {_pct(t.right, t.runs)} "
               f"{_pct(t.first, t.runs)} {_pct(t.listed, t.runs)} {_pct(t.rules, t.runs)} "
               f"{t.rejected:>8} "
               f"{t.human_right:>6}/{t.human_runs:<3} vs {t.human_rules:>3}/{t.human_runs:<3}"
-              f"        {p50:5.2f} / {max(times, default=0.0):5.2f} s")
+              f"        {p50:5.2f} / {max(times, default=0.0):5.2f} s"
+              f"     {max(turns):>4} / {statistics.median(turns):<5g} {t.answer_tokens:>6}")
     sys.stdout.flush()
 
 

@@ -1,16 +1,18 @@
 """The model's plan, as pure functions: the prompt, the accepted answers as
 a JSON schema, and the strict reading of the answer.
 
-The model sees what the rules see: the unit, the findings one line each
-(times relative to the failure, unlinked changes marked so), the journal's
-own lines, the cause the rules named, and the plans it may choose from
-(findings.candidates: the rules' plan, the plans of the other linked
-findings, nothing). Each plan is offered by a name that says what it does
-(revert_dropin, clear_cache, reload, restart, nothing) with the path it
-acts on, and the answer is one JSON object {"plan": NAME} naming one of
-them: anything else is rejected and the rules' plan stands.
-`answer_schema()` is that contract as a JSON schema, for a decoding
-constraint, so a constrained answer always parses.
+The model sees what the rules see, in few words: the journal's own lines,
+the findings (times relative to the failure, unlinked changes marked so)
+and the plans it may choose from (findings.candidates: the rules' plan,
+the plans of the other linked findings, nothing), with the paths cut to
+their base names and the words of findings.py shortened (SHORT). The
+rules' cause is one of the findings and each plan's subject is in them:
+neither is repeated. Each plan is offered by a one-token name that says
+what it does (undo, clear, reload, restart, nothing; what each means is
+in the system line), and the answer is that name as one JSON string:
+anything else is rejected and the rules' plan stands. `answer_schema()` is
+that contract as a JSON schema, for a decoding constraint, so a
+constrained answer always parses.
 
 Design note: asked for the first, second or third of a numbered list,
 small models (SmolLM2-135M, Qwen2.5-Coder-0.5B and -1.5B) chose by
@@ -21,15 +23,18 @@ worked examples cover every kind of plan, including the judgment the rules
 cannot make (a drop-in and a cache both linked, the journal naming one; a
 program missing because a drop-in points at it, or because it was
 removed). The system line and the examples are `prefix_messages()`, the
-same on every call (a warm session evaluates them once); the failure is
-`suffix_messages()`.
+same on every call (a warm session evaluates them once, so its words are
+free); the failure is `suffix_messages()`, prefilled per failure: short,
+because under load prefill runs at about 70 tokens/s and each answer
+token costs a decode step (60-70 ms).
 
 Measured (bench/bench_triage.py, 33 labelled failures, 2 orders each, one
-thread): Qwen2.5-Coder-0.5B right in 86% (the rules 82%, the plan listed
-first 79%, the first offered 56%), and in 13 of 18 where the rules say a
-human must (the rules 12), 1.75 s per new failure at the median;
-Qwen2.5-Coder-1.5B 82% at 3.5 s; SmolLM2-135M answers "nothing" to
-everything (55%).
+thread): Qwen2.5-Coder-0.5B right in 87.9% (the rules 82%, the plan listed
+first 79%, the first offered 56%), and in 12 of 18 where the rules say a
+human must (the rules 12); the failure's turn 65 tokens at most, 45 at the
+median (ChatML included; 153 and 112 with the full words, cause and paths
+before), the answer 3 tokens (8 for {"plan": NAME}). The examples' order
+matters to a 0.5B model (the last ones pull the answer): measured, keep it.
 """
 
 import json
@@ -39,9 +44,9 @@ from typing import Any
 
 from syntrop.sentry.findings import Plan
 
-#: Decoding: greedy and short. The longest answer, {"plan":"revert_dropin"},
-#: is about 10 tokens.
-MAX_TOKENS = 16
+#: Decoding: greedy and short. An answer is 3 tokens ("undo": the quotes
+#: and the name), 4 with the end of the turn.
+MAX_TOKENS = 8
 TEMPERATURE = 0.0
 SEED = 7
 #: Lines of findings and of journal given to the model.
@@ -55,27 +60,56 @@ SYSTEMD_LINES = re.compile(
     r"\b(Starting|Started|Stopping|Stopped|Deactivated successfully|Consumed|Main process "
     r"exited|Failed with result|Failed to start|Scheduled restart job|Start request repeated)\b")
 
-#: A plan's name by its tools; listed in this order.
+#: A plan's name by its tools; listed in this order. Each is one token of
+#: the model's vocabulary, so the answer is three ("undo" and its quotes).
 NAMES: dict[tuple[str, ...], str] = {
-    ("revert_dropin",): "revert_dropin",
-    ("clear_cache", "unit_restart"): "clear_cache",
+    ("revert_dropin",): "undo",
+    ("clear_cache", "unit_restart"): "clear",
     ("daemon_reload", "unit_restart"): "reload",
     ("unit_restart",): "restart",
     (): "nothing",
 }
 
-SYSTEM = ("You are systemd-sentry. A systemd unit failed. Read its findings and journal and "
-          "choose the offered plan that fixes what they point at:\n"
-          "revert_dropin: a drop-in changed before the failing start broke it (the journal "
-          "names the drop-in or its setting, or the program it points at is missing);\n"
-          "clear_cache: the journal names a corrupt file in the unit's cache;\n"
-          "reload: systemd runs an old definition;\n"
-          "restart: nothing the tools can undo explains it;\n"
-          "nothing: a human must (the program was removed, it keeps failing, a dependency "
-          "failed).\n"
-          'Answer with one JSON object: {"plan": NAME}.')
+SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its journal "
+          "wrote, its facts (exit status or signal; what changed, Ns before the failure; "
+          "unlinked: too long before to be the cause) and the plans you may choose. Choose "
+          "the plan that fixes what they point at:\n"
+          "undo: revert the drop-in that changed just before the failure: it broke the "
+          "start (the journal names the drop-in or a setting or option it sets, or the "
+          "missing program is the one it points at, its name in the drop-in's name);\n"
+          "clear: the journal names a corrupt file in the cache: clear it, then restart;\n"
+          "reload: systemd runs an old definition: reload, then restart;\n"
+          "restart: nothing the tools can undo explains it (a crash, a config edited);\n"
+          "nothing: a human must (the program was removed or deleted, it keeps failing, "
+          "a dependency failed).\n"
+          "Answer with the plan's name as a JSON string.")
 
-_SUBJECT = re.compile(r"\((/[^()\s]+)\)")
+#: Shorter words for the findings' and the journal's (findings.Finding.line):
+#: the model reads the same facts in fewer tokens.
+SHORT: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), short) for pattern, short in (
+        # A path: its base name.
+        (r"(?<![\w.-])/(?:[^\s/:()'\"]+/)+([^\s/:()'\"]+)", r"\1"),
+        (r"^main process exited with status ", "exit "),
+        (r"^main process killed by signal ", "signal "),
+        (r" s (before|after) the failure", r"s \1"),
+        (r" \(not linked to it\)$", " (unlinked)"),
+        (r"^the journal names the ", "journal names "),
+        (r"^systemd runs an old definition \(the unit file changed on disk\)$",
+         "systemd runs an old definition"),
+        (r" is missing$", " missing"),
+        (r"^it keeps failing with nothing changed$", "keeps failing, nothing changed"),
+        (r"\.service\b", ""),
+    ))
+#: systemd's line for a missing program: the findings say it.
+MISSING_LINE = re.compile(r"Failed to locate executable")
+
+
+def short(line: str) -> str:
+    """A finding's or journal line's words, shortened (SHORT)."""
+    for pattern, replacement in SHORT:
+        line = pattern.sub(replacement, line)
+    return line
 
 
 class AnswerError(ValueError):
@@ -132,94 +166,72 @@ def named(offered: list[Plan]) -> list[tuple[str, Plan]]:
     return out
 
 
-def _line(name: str, plan: Plan) -> str:
-    subject = _SUBJECT.search(plan.reason)
-    return f"{name}" + (f" ({subject.group(1)})" if subject else "")
+def _journal(unit: str, journal: list[str]) -> list[str]:
+    """The unit's own journal lines (not systemd's), shortened, without the
+    unit's name in front."""
+    stem = unit.removesuffix(".service")
+    own = [short(line[:160]).removeprefix(f"{stem}: ") for line in journal
+           if not SYSTEMD_LINES.search(line) and not MISSING_LINE.search(line)]
+    return own[-MAX_JOURNAL:]
 
 
-def _question(unit: str, findings: list[str], journal: list[str], cause: str,
-              names: list[str]) -> str:
-    lines = "; ".join(findings[:MAX_FINDINGS]) or "nothing changed before the failure"
-    own = [line[:160] for line in journal if not SYSTEMD_LINES.search(line)][-MAX_JOURNAL:]
-    return (f"unit: {unit}\nfindings: {lines}\njournal: {' | '.join(own) or '-'}\n"
-            f"cause (the rules): {cause}\nplans: {', '.join(names)}")
+def _question(unit: str, findings: list[str], journal: list[str], names: list[str]) -> str:
+    facts = "; ".join(short(line) for line in findings[:MAX_FINDINGS]) or "nothing changed"
+    return (f"journal: {' | '.join(_journal(unit, journal)) or '-'}\nfacts: {facts}\n"
+            f"plans: {', '.join(names)}")
 
 
-def _example(unit: str, findings: list[str], journal: list[str], cause: str,
-             plans: list[str], answer: str) -> tuple[str, str]:
-    return _question(unit, findings, journal, cause, plans), _compact({"plan": answer})
+def _example(unit: str, findings: list[str], journal: list[str], plans: list[str],
+             answer: str) -> tuple[str, str]:
+    return _question(unit, findings, journal, plans), json.dumps(answer)
 
 
 EXAMPLES: tuple[tuple[str, str], ...] = (
     _example("web.service", ["main process exited with status 1",
                              "drop-in /etc/systemd/system/web.service.d/50-opts.conf changed "
                              "8 s before the failure"],
-             ["web: unrecognized option --workers=x"],
-             "drop-in /etc/systemd/system/web.service.d/50-opts.conf changed 8 s before the "
-             "failure",
-             ["revert_dropin (/etc/systemd/system/web.service.d/50-opts.conf)", "nothing"],
-             "revert_dropin"),
+             ["web: unrecognized option --workers=x"], ["undo", "nothing"], "undo"),
     _example("api.service", ["main process exited with status 203",
                              "program /usr/local/bin/api-old is missing",
                              "systemd runs an old definition (the unit file changed on disk)"],
-             [], "systemd runs an old definition (the unit file changed on disk)",
-             ["reload", "nothing"], "reload"),
+             [], ["reload", "nothing"], "reload"),
     _example("db.service", ["main process exited with status 1",
                             "the journal names the cache /var/cache/db"],
-             ["db: bad checksum in /var/cache/db/pages.bin"],
-             "the journal names the cache /var/cache/db",
-             ["clear_cache (/var/cache/db)", "nothing"], "clear_cache"),
+             ["db: bad checksum in /var/cache/db/pages.bin"], ["clear", "nothing"], "clear"),
     _example("chat.service", ["main process killed by signal 11",
                               "drop-in /etc/systemd/system/chat.service.d/10-nice.conf changed "
                               "1200 s before the failure (not linked to it)"],
-             ["chat: segfault at 0000000000000008"],
-             "no change explains it (main process killed by signal 11)",
-             ["restart", "nothing"], "restart"),
+             ["chat: segfault at 0000000000000008"], ["restart", "nothing"], "restart"),
     _example("lb.service", ["main process exited with status 1",
                             "config /etc/lb/lb.conf edited 2 s before the failure"],
-             ["lb: syntax error in /etc/lb/lb.conf line 9"],
-             "config /etc/lb/lb.conf edited 2 s before the failure",
-             ["restart", "nothing"], "restart"),
+             ["lb: syntax error in /etc/lb/lb.conf line 9"], ["restart", "nothing"], "restart"),
     _example("wiki.service", ["main process exited with status 1",
                               "drop-in /etc/systemd/system/wiki.service.d/override.conf changed "
                               "9 s before the failure",
                               "the journal names the cache /var/cache/wiki"],
              ["wiki: corrupt page cache /var/cache/wiki/pages.db"],
-             "drop-in /etc/systemd/system/wiki.service.d/override.conf changed 9 s before the "
-             "failure",
-             ["revert_dropin (/etc/systemd/system/wiki.service.d/override.conf)",
-              "clear_cache (/var/cache/wiki)", "nothing"], "clear_cache"),
+             ["undo", "clear", "nothing"], "clear"),
     _example("shop.service", ["main process exited with status 1",
                               "drop-in /etc/systemd/system/shop.service.d/50-cache.conf changed "
                               "9 s before the failure",
                               "the journal names the cache /var/cache/shop"],
              ["shop: invalid CacheSize=lots set in "
               "/etc/systemd/system/shop.service.d/50-cache.conf", "shop: cache /var/cache/shop"],
-             "drop-in /etc/systemd/system/shop.service.d/50-cache.conf changed 9 s before the "
-             "failure",
-             ["revert_dropin (/etc/systemd/system/shop.service.d/50-cache.conf)",
-              "clear_cache (/var/cache/shop)", "nothing"], "revert_dropin"),
+             ["undo", "clear", "nothing"], "undo"),
     _example("auth.service", ["main process exited with status 203",
                               "program /usr/local/bin/auth-v3 is missing",
                               "drop-in /etc/systemd/system/auth.service.d/50-auth-v3.conf changed "
                               "7 s before the failure"],
              ["auth.service: Failed to locate executable /usr/local/bin/auth-v3: No such file "
-              "or directory"],
-             "program /usr/local/bin/auth-v3 is missing",
-             ["revert_dropin (/etc/systemd/system/auth.service.d/50-auth-v3.conf)", "nothing"],
-             "revert_dropin"),
+              "or directory"], ["undo", "nothing"], "undo"),
     _example("ftp.service", ["main process exited with status 203",
                              "program /usr/sbin/ftpd is missing",
                              "drop-in /etc/systemd/system/ftp.service.d/10-umask.conf changed "
                              "7 s before the failure"],
              ["dpkg: removing ftpd (1.4) ...",
               "ftp.service: Failed to locate executable /usr/sbin/ftpd: No such file or "
-              "directory"],
-             "program /usr/sbin/ftpd is missing",
-             ["revert_dropin (/etc/systemd/system/ftp.service.d/10-umask.conf)", "nothing"],
-             "nothing"),
-    _example("app.service", ["dependency net.service failed"], [],
-             "dependency net.service failed", ["nothing"], "nothing"),
+              "directory"], ["undo", "nothing"], "nothing"),
+    _example("app.service", ["dependency net.service failed"], [], ["nothing"], "nothing"),
 )
 
 
@@ -233,11 +245,12 @@ def prefix_messages() -> list[tuple[str, str]]:
 
 
 def suffix_messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
-    """The incident's own turn: the unit, its findings and journal lines,
-    the rules' cause and the offered plans by name, in a fixed order."""
-    names = [_line(name, plan) for name, plan in named(offered)]
-    return [("user", _question(evidence.unit, evidence.findings, evidence.journal,
-                               evidence.cause, names))]
+    """The incident's own turn: its findings and journal lines, shortened,
+    and the offered plans by name, in a fixed order. The rules' cause is
+    one of the findings, and each plan's subject is in them: neither is
+    repeated."""
+    names = [name for name, _ in named(offered)]
+    return [("user", _question(evidence.unit, evidence.findings, evidence.journal, names))]
 
 
 def messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
@@ -246,23 +259,22 @@ def messages(evidence: Evidence, offered: list[Plan]) -> list[tuple[str, str]]:
 
 
 def answer_schema(offered: list[Plan]) -> dict[str, Any]:
-    """The accepted answers as a JSON schema: {"plan": NAME}, NAME one of
-    the offered plans' names."""
-    return {"type": "object", "additionalProperties": False, "required": ["plan"],
-            "properties": {"plan": {"enum": [name for name, _ in named(offered)]}}}
+    """The accepted answers as a JSON schema: a string, the name of one of
+    the offered plans."""
+    return {"enum": [name for name, _ in named(offered)]}
 
 
 def parse(text: str, offered: list[Plan]) -> Plan:
-    """The offered plan the answer names. Strict: one JSON object with only
-    "plan", the name of an offered plan."""
+    """The offered plan the answer names. Strict: one JSON string, the name
+    of an offered plan."""
     try:
         value: Any = json.loads(text.strip())
     except ValueError:
-        raise AnswerError("not one JSON object") from None
-    if not isinstance(value, dict) or set(value) != {"plan"}:
-        raise AnswerError('not an object with exactly "plan"')
+        raise AnswerError("not JSON") from None
+    if not isinstance(value, str):
+        raise AnswerError("not a JSON string")
     for name, plan in named(offered):
-        if value["plan"] == name:
+        if value == name:
             return plan
     raise AnswerError("not one of the offered plans")
 
