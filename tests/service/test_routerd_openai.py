@@ -457,3 +457,23 @@ def test_logprobs_are_runtimeds_streamed_and_not(node: Node) -> None:
     with pytest.raises(openai.BadRequestError, match="top_logprobs must be an integer"):
         client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=2,
                                        logprobs=True, top_logprobs=21)
+
+
+def test_a_repeated_prefix_is_reported_as_cached_tokens(node: Node) -> None:
+    """usage.prompt_tokens_details.cached_tokens is runtimed's own count of
+    the prompt tokens a context already held: most of a long system
+    prompt the second time."""
+    client = _client(node)
+    system = "You answer briefly. " * 60
+    asked = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model="smollm2", messages=asked, max_tokens=2,
+                                           temperature=0)
+    again = client.chat.completions.create(
+        model="smollm2", messages=[asked[0], {"role": "user", "content": "Hello"}],
+        max_tokens=2, temperature=0)
+    for answer in (first, again):
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+    assert first.usage is not None and again.usage is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and again.usage.prompt_tokens // 2 < cached < \
+        again.usage.prompt_tokens, again.usage

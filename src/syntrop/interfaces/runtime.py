@@ -249,6 +249,9 @@ class Chunk:
             dropped from the window by this call's shifts.
         prompt_tokens: On the last chunk of Complete and Chat: tokens of the
             prompt as the model read it (the chat template applied).
+        cached_tokens: On the last chunk of Complete and Chat: of those, the
+            tokens whose KV a context already held, so they were not
+            evaluated again; null where it is not known (the batch layout).
         logprobs: With sampling.logprobs: one entry per token the chunk
             holds (tokens of them), in order; null otherwise and on the
             last chunk. Text held back while it may begin a stop string
@@ -267,6 +270,7 @@ class Chunk:
     accepted_tokens: int | None = None
     shifted_tokens: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     logprobs: list[TokenLogprob] | None = None
 
 

@@ -102,12 +102,15 @@ class Counts:
     shifted: int | None = None
     #: Tokens of the prompt as the model saw it (chat template applied).
     prompt: int | None = None
+    #: Of those, the ones whose KV the context already held (not evaluated).
+    cached: int | None = None
 
     def extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"drafted_tokens": self.drafted,
                                  "accepted_tokens": self.accepted,
                                  "shifted_tokens": self.shifted,
-                                 "prompt_tokens": self.prompt}
+                                 "prompt_tokens": self.prompt,
+                                 "cached_tokens": self.cached}
         if self.reasoning is not None:
             extra.update(thinking_tokens=self.reasoning.thinking_tokens,
                          answer_tokens=self.reasoning.answer_tokens)
@@ -238,6 +241,10 @@ class Host:
                 drafter = None if speculative is None else \
                     self._drafter(speculative, engine, options, held)
                 counts.prompt = len(tokens)
+                # The engine evaluates the prompt from where the resident
+                # tokens stop matching it, and its last token always.
+                counts.cached = min(sessions_mod.common_prefix(engine.resident(), tokens),
+                                    len(tokens) - 1)
                 if speculative is not None:
                     reason, counts.drafted, counts.accepted = engine.speculate(
                         tokens, params, sink.stop, sink.emit, drafter=drafter,

@@ -155,11 +155,15 @@ def turns(body: dict[str, Any]) -> list[tuple[str, str]] | None:
         return None
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
+def _usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
     """OpenAI's usage: runtimed's own counts (the prompt as the model read
-    it, chat template included; the tokens it generated)."""
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    it, chat template included; of it, the tokens a context already held;
+    the tokens it generated)."""
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _failed(error: Exception) -> ProviderError:
@@ -203,6 +207,8 @@ class _Whole:
     logprobs: list[Any] | None = None
     tokens: int = 0
     prompt: int = 0
+    #: Of the prompt, the tokens a context already held (runtimed's count).
+    cached: int | None = None
     finish: str | None = None
 
 
@@ -272,6 +278,7 @@ class RuntimedProvider:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         tokens = prompt = 0
+        cached: int | None = None
         kind = "chat.completion.chunk" if endpoint == "chat/completions" else "text_completion"
 
         def out(choice: dict[str, Any]) -> str:
@@ -285,6 +292,7 @@ class RuntimedProvider:
         async for chunk in self._chunks(endpoint, body, plan):
             tokens += chunk.tokens
             prompt = chunk.prompt_tokens or prompt
+            cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
             entries = chunk.logprobs
             if endpoint != "chat/completions":
                 if chunk.thinking:  # a completion's text is the answer alone
@@ -321,7 +329,7 @@ class RuntimedProvider:
         if include_usage:  # OpenAI's last chunk: no choices, the usage
             yield json.dumps({"id": ident, "object": kind, "created": created,
                               "model": body["model"], "choices": [],
-                              "usage": _usage(prompt, tokens)})
+                              "usage": _usage(prompt, tokens, cached)})
 
     async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
         from asyncvarlink import VarlinkErrorReply
@@ -374,6 +382,8 @@ class RuntimedProvider:
             whole.tokens += chunk.tokens
             whole.finish = chunk.finish_reason or whole.finish
             whole.prompt = chunk.prompt_tokens or whole.prompt
+            if chunk.cached_tokens is not None:
+                whole.cached = chunk.cached_tokens
         return whole
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -387,7 +397,7 @@ class RuntimedProvider:
         wholes = await asyncio.gather(*(
             self._collect(endpoint, body if seed is None else {**body, "seed": seed + index},
                           plan) for index in range(n)))
-        usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes))
+        usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes), wholes[0].cached)
         choices: list[dict[str, Any]] = []
         asked = _logprobs(endpoint, body) is not None
         for index, whole in enumerate(wholes):
