@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from syntrop.packaged import QWEN_CODER_05B
 from syntrop.sentry import findings
 from syntrop.sentry.config import Config
 from syntrop.sentry.findings import Change, Plan, UnitFacts
@@ -423,7 +424,7 @@ async def _triage_one(phases: Phases, offer: "Offer", mode: str) -> Triaged:
                    split=(int(split[1]) / 1e3, int(split[2]) / 1e3) if split else None)
 
 
-async def under_load(rounds: int, incidents: int | None) -> list[Triaged]:
+async def under_load(rounds: int, incidents: int | None, model: str) -> list[Triaged]:
     """The labelled set through sentry's real phases (lease and release
     with inferenced, decide with runtimed and SmolLM2, the shipped prompt
     and budgets), execute and verify instant fakes. Each incident is
@@ -440,8 +441,8 @@ async def under_load(rounds: int, incidents: int | None) -> list[Triaged]:
     async def verify(unit: str, hold_usec: int) -> bool:
         return True
 
-    lives = {WARM: Live(systemd=None, model="smollm2", warm=True),
-             COLD: Live(systemd=None, model="smollm2", warm=False)}
+    lives = {WARM: Live(systemd=None, model=model, warm=True),
+             COLD: Live(systemd=None, model=model, warm=False)}
     phases = {mode: replace(live.phases(), execute=execute, verify=verify)
               for mode, live in lives.items()}
     every = [triage_set.build(replace(i, restarted=i.attempts > 0))
@@ -523,7 +524,7 @@ def load_report(out: list[Triaged]) -> None:
               f"{INCIDENT_P99 * 1e3:.0f} ms: {_against(p99 * 1e3, INCIDENT_P99 * 1e3, 'ms')}")
 
 
-def run_load(rounds: int, incidents: int | None) -> None:
+def run_load(rounds: int, incidents: int | None, model: str) -> None:
     """--load: the node, one busy loop per core (always killed), the set."""
     cores = os.cpu_count() or 1
     print(f"CPU: {cpu_model()}, {cores} cores; load average at start: "
@@ -542,13 +543,18 @@ def run_load(rounds: int, incidents: int | None) -> None:
 
         root = Path(folder)
         stack.enter_context(model_node(root, stack))
+        if model == QWEN_CODER_05B.name:  # the shipped triage model, beside SmolLM2
+            from tests.models import register, triage_model
+
+            register(root, model, triage_model(), QWEN_CODER_05B.sha256)
+        print(f"triage model: {model}")
         inferenced = stack.enter_context(activated("inferenced", root))
         with varlink.Client(address=inferenced.address) as client:
             client.get_interfaces()
         os.environ["RUNTIME_DIRECTORY"] = str(root / "run")
         busy = _busy_loops(cores)
         try:
-            out = asyncio.run(under_load(rounds, incidents))
+            out = asyncio.run(under_load(rounds, incidents, model))
             during = os.getloadavg()
         finally:
             _stop(busy)
@@ -570,9 +576,12 @@ def main() -> None:
                         help=f"default 20 (--live, --plans), {LOAD_ROUNDS} (--load)")
     parser.add_argument("--incidents", type=int, default=None,
                         help="--load: only this many of the set, spread over it")
+    parser.add_argument("--model", default=QWEN_CODER_05B.name,
+                        help="--load: the triage model (default the shipped one, "
+                             f"{QWEN_CODER_05B.name}; or smollm2)")
     args = parser.parse_args()
     if args.load:
-        run_load(args.rounds or LOAD_ROUNDS, args.incidents)
+        run_load(args.rounds or LOAD_ROUNDS, args.incidents, args.model)
         return
     args.rounds = args.rounds or 20
     if args.plans:
