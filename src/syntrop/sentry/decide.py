@@ -2,17 +2,18 @@
 a JSON schema, and the strict reading of the answer.
 
 The model sees what the rules see, in few words: the journal's own lines,
-the findings (times relative to the failure, unlinked changes marked so)
-and the plans it may choose from (findings.candidates: the rules' plan,
-the plans of the other linked findings, nothing), with the paths cut to
-their base names and the words of findings.py shortened (SHORT). The
-rules' cause is one of the findings and each plan's subject is in them:
-neither is repeated. Each plan is offered by a one-token name that says
-what it does (undo, clear, reload, restart, nothing; what each means is
-in the system line), and the answer is that name as one JSON string:
-anything else is rejected and the rules' plan stands. `answer_schema()` is
-that contract as a JSON schema, for a decoding constraint, so a
-constrained answer always parses.
+the findings and the plans it may choose from (findings.candidates: the
+rules' plan, the plans of the other linked findings, nothing), with the
+paths cut to their base names and the words of findings.py shortened
+(SHORT). Left out, as they repeat what is there: the rules' cause (one of
+the findings), each plan's subject (in the findings), the seconds before
+the failure (a change is linked to it or marked unlinked), the exit status
+beside other findings, systemd's line for a missing program. Each plan is
+offered by a one-token name that says what it does (undo, clear, reload,
+restart, nothing; what each means is in the system line), and the answer
+is that name as one JSON string: anything else is rejected and the rules'
+plan stands. `answer_schema()` is that contract as a JSON schema, for a
+decoding constraint, so a constrained answer always parses.
 
 Design note: asked for the first, second or third of a numbered list,
 small models (SmolLM2-135M, Qwen2.5-Coder-0.5B and -1.5B) chose by
@@ -30,11 +31,12 @@ token costs a decode step (60-70 ms).
 
 Measured (bench/bench_triage.py, 33 labelled failures, 2 orders each, one
 thread): Qwen2.5-Coder-0.5B right in 87.9% (the rules 82%, the plan listed
-first 79%, the first offered 56%), and in 12 of 18 where the rules say a
-human must (the rules 12); the failure's turn 65 tokens at most, 45 at the
-median (ChatML included; 153 and 112 with the full words, cause and paths
-before), the answer 3 tokens (8 for {"plan": NAME}). The examples' order
-matters to a 0.5B model (the last ones pull the answer): measured, keep it.
+first 79%, the first offered 56%), and in 14 of 18 where the rules say a
+human must (the rules 12); the failure's turn 53 tokens at most, 35 at the
+median (ChatML included; 153 and 112 with the whole words, the cause and
+the paths), the answer 3 tokens (8 for {"plan": NAME}). The examples'
+order matters to a 0.5B model (the last ones pull its answer): measured,
+keep it or measure again.
 """
 
 import json
@@ -71,9 +73,9 @@ NAMES: dict[tuple[str, ...], str] = {
 }
 
 SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its journal "
-          "wrote, its facts (exit status or signal; what changed, Ns before the failure; "
-          "unlinked: too long before to be the cause) and the plans you may choose. Choose "
-          "the plan that fixes what they point at:\n"
+          "wrote, its facts (a signal, or the exit status when nothing changed; what changed "
+          "before the failure; unlinked: too long before to be the cause) and the plans you "
+          "may choose. Choose the plan that fixes what they point at:\n"
           "undo: revert the drop-in that changed just before the failure: it broke the "
           "start (the journal names the drop-in or a setting or option it sets, or the "
           "missing program is the one it points at, its name in the drop-in's name);\n"
@@ -87,12 +89,14 @@ SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its 
 #: Shorter words for the findings' and the journal's (findings.Finding.line):
 #: the model reads the same facts in fewer tokens.
 SHORT: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), short) for pattern, short in (
+    (re.compile(pattern), words) for pattern, words in (
         # A path: its base name.
         (r"(?<![\w.-])/(?:[^\s/:()'\"]+/)+([^\s/:()'\"]+)", r"\1"),
         (r"^main process exited with status ", "exit "),
         (r"^main process killed by signal ", "signal "),
-        (r" s (before|after) the failure", r"s \1"),
+        # When: linked or not says it (the findings' rule), not the seconds.
+        (r" \d+ s before the failure", ""),
+        (r" \d+ s after the failure", " after the failure"),
         (r" \(not linked to it\)$", " (unlinked)"),
         (r"^the journal names the ", "journal names "),
         (r"^systemd runs an old definition \(the unit file changed on disk\)$",
@@ -100,6 +104,8 @@ SHORT: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r" is missing$", " missing"),
         (r"^it keeps failing with nothing changed$", "keeps failing, nothing changed"),
         (r"\.service\b", ""),
+        (r"\b0{4,}(?=[0-9a-f])", ""),  # an address's leading zeros
+        (r" \(\d[\w.:~+-]*\)| \.\.\.$", ""),  # a package's version, an ellipsis
     ))
 #: systemd's line for a missing program: the findings say it.
 MISSING_LINE = re.compile(r"Failed to locate executable")
@@ -176,7 +182,10 @@ def _journal(unit: str, journal: list[str]) -> list[str]:
 
 
 def _question(unit: str, findings: list[str], journal: list[str], names: list[str]) -> str:
-    facts = "; ".join(short(line) for line in findings[:MAX_FINDINGS]) or "nothing changed"
+    lines = [short(line) for line in findings[:MAX_FINDINGS]]
+    # An exit status says little beside what changed: only alone.
+    facts = "; ".join([line for line in lines if not line.startswith("exit ")] or lines)
+    facts = facts or "nothing changed"
     return (f"journal: {' | '.join(_journal(unit, journal)) or '-'}\nfacts: {facts}\n"
             f"plans: {', '.join(names)}")
 
@@ -218,6 +227,12 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
              ["shop: invalid CacheSize=lots set in "
               "/etc/systemd/system/shop.service.d/50-cache.conf", "shop: cache /var/cache/shop"],
              ["undo", "clear", "nothing"], "undo"),
+    _example("mq.service", ["main process exited with status 1",
+                            "drop-in /etc/systemd/system/mq.service.d/30-log.conf changed "
+                            "6 s before the failure",
+                            "the journal names the cache /var/cache/mq"],
+             ["mq: truncated segment /var/cache/mq/seg.0004"],
+             ["undo", "clear", "nothing"], "clear"),
     _example("auth.service", ["main process exited with status 203",
                               "program /usr/local/bin/auth-v3 is missing",
                               "drop-in /etc/systemd/system/auth.service.d/50-auth-v3.conf changed "
@@ -231,6 +246,11 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
              ["dpkg: removing ftpd (1.4) ...",
               "ftp.service: Failed to locate executable /usr/sbin/ftpd: No such file or "
               "directory"], ["undo", "nothing"], "nothing"),
+    _example("pdf.service", ["main process exited with status 203",
+                             "program /usr/local/bin/pdf-next is missing",
+                             "drop-in /etc/systemd/system/pdf.service.d/20-pdf-next.conf "
+                             "changed 5 s before the failure"],
+             [], ["undo", "nothing"], "undo"),
     _example("app.service", ["dependency net.service failed"], [], ["nothing"], "nothing"),
 )
 

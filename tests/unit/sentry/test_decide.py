@@ -54,11 +54,18 @@ def test_findings_and_journal_are_shortened_the_paths_to_base_names() -> None:
                  "directory"])
     _, question = decide.suffix_messages(evidence, [NOTHING])[0]
     assert question == ("journal: bad checksum in pages.bin\n"
-                        "facts: exit 203; program db-v2 missing; drop-in 50-db-v2.conf changed "
-                        "7s before; config db.conf edited 900s before (unlinked); journal names "
-                        "cache db\nplans: nothing")
+                        "facts: program db-v2 missing; drop-in 50-db-v2.conf changed; config "
+                        "db.conf edited (unlinked); journal names cache db\nplans: nothing")
+    # An exit status only alone; a signal always.
+    alone = Evidence(unit="db.service", cause="x", journal=[],
+                     findings=["main process exited with status 1"])
+    assert decide.suffix_messages(alone, [NOTHING])[0][1].startswith("journal: -\nfacts: exit 1\n")
     assert decide.short("main process killed by signal 11") == "signal 11"
     assert decide.short("dependency net.service failed") == "dependency net failed"
+    assert decide.short("dpkg: removing slapd (2.5.13) ...") == "dpkg: removing slapd"
+    assert decide.short("db: segfault at 0000000000000010") == "db: segfault at 10"
+    assert decide.short("unit file /etc/systemd/system/db.service changed 4 s after the "
+                        "failure") == "unit file db changed after the failure"
 
 
 def test_plans_are_listed_in_one_order_whatever_the_offer() -> None:
