@@ -90,7 +90,7 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
         assert any("50-bad.conf" in line and "not linked" in line
                    for line in incident["findings"]), incident["findings"]
         # The incident carries the raw answer, what was offered and the timings.
-        assert "answer '{\"plan\":" in decide["detail"], decide
+        assert "answer '\"restart\"'" in decide["detail"], decide
         assert "offered unit_restart | nothing" in decide["detail"], decide
         assert " tokens; session (" in decide["detail"], decide  # the warm session's
         # Warm, a second decision of the same failure (its breaker reset, or
