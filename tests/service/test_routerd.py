@@ -121,18 +121,27 @@ def _routerd_pid(process_pid: int) -> int:
     return process_pid
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    root = tmp_path_factory.mktemp("routerd")
+@contextlib.contextmanager
+def configured(root: Path, config: str) -> Iterator[Router]:
+    """routerd socket-activated on `root`, its routerd.toml `config` with
+    {root} and {port} (an OpenAI upstream on loopback) filled in."""
     with ExitStack() as stack:
         port = stack.enter_context(upstream())
         (root / "config").mkdir(parents=True, exist_ok=True)
         (root / "run").mkdir(parents=True, exist_ok=True)
-        (root / "config" / "routerd.toml").write_text(CONFIG.format(root=root, port=port))
+        (root / "config" / "routerd.toml").write_text(config.format(root=root, port=port))
         daemon = stack.enter_context(activated("routerd", root))
         router = Router(daemon.address, _routerd_pid(daemon.process.pid))
+        try:
+            yield router
+        finally:
+            router.close()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    with configured(tmp_path_factory.mktemp("routerd"), CONFIG) as router:
         yield router
-        router.close()
 
 
 def _chat_body(model: str | None = "m1", **extra: Any) -> dict[str, Any]:

@@ -7,13 +7,10 @@ loopback, with an OpenAI upstream."""
 import http.client
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import pytest
 
-from tests.service.test_routerd import Router
-from tests.support import activated
-from tests.upstreams import openai_upstream as upstream
+from tests.service.test_routerd import Router, configured
 
 ALLOWED = "http://localhost:3000"
 CONFIG = f"""
@@ -31,16 +28,8 @@ models = ["m1"]
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    root = tmp_path_factory.mktemp("routerd-cors")
-    with ExitStack() as stack:
-        port = stack.enter_context(upstream())
-        (root / "config").mkdir()
-        (root / "run").mkdir()
-        (root / "config" / "routerd.toml").write_text(CONFIG.format(port=port))
-        daemon = stack.enter_context(activated("routerd", root))
-        router = Router(daemon.address, daemon.process.pid)
+    with configured(tmp_path_factory.mktemp("routerd-cors"), CONFIG) as router:
         yield router
-        router.close()
 
 
 def ask(router: Router, method: str, path: str, headers: dict[str, str],

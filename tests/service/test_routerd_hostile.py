@@ -6,14 +6,11 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
 
-from tests.service.test_routerd import Router
-from tests.support import activated
-from tests.upstreams import openai_upstream as upstream
+from tests.service.test_routerd import Router, configured
 
 CONFIG = """
 [http]
@@ -38,16 +35,8 @@ context_window = 4000
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    root = tmp_path_factory.mktemp("routerd-hostile")
-    with ExitStack() as stack:
-        port = stack.enter_context(upstream())
-        (root / "config").mkdir()
-        (root / "run").mkdir()
-        (root / "config" / "routerd.toml").write_text(CONFIG.format(port=port))
-        daemon = stack.enter_context(activated("routerd", root))
-        router = Router(daemon.address, daemon.process.pid)
+    with configured(tmp_path_factory.mktemp("routerd-hostile"), CONFIG) as router:
         yield router
-        router.close()
 
 
 def _post(router: Router, body: bytes, content_type: str | None = "application/json",
