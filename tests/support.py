@@ -152,3 +152,23 @@ def declared_error(call: Any, *args: Any, **params: Any) -> tuple[str, dict[str,
     with pytest.raises(varlink.VarlinkError) as caught:
         call(*args, **params)
     return caught.value.error(), caught.value.parameters()
+
+
+def require_nobody_can_run_us() -> None:
+    """Skip, saying why, unless root may act as nobody (uid 65534) with this
+    interpreter and checkout: a clone in a directory only root may enter
+    (`mktemp -d` makes one 0700) cannot be read as nobody."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    probe = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import varlink, syntrop, pathlib; import varlink.client as c;"
+         "pathlib.Path(c.__file__).with_name('org.varlink.service.varlink').read_text()"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"nobody cannot run this checkout's Python ({last}): "
+                    "clone it where every user may read it")

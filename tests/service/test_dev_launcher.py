@@ -13,10 +13,17 @@ import varlink
 from syntrop.cli.launcher import DAEMONS
 
 
-def syn(*args: str, directory: Path) -> subprocess.CompletedProcess[str]:
+def syn(*args: str, directory: Path,
+        listen: str | None = "127.0.0.1:0") -> subprocess.CompletedProcess[str]:
+    """`syn ARGS --dir DIRECTORY`; `listen`: routerd's ingress (SYNTROP_LISTEN),
+    a free port by default: 32768 is in the ephemeral range, and any
+    outgoing connection may hold it (None: routerd.toml's http.listen)."""
+    env = {k: v for k, v in os.environ.items() if k != "SYNTROP_LISTEN"}
+    if listen is not None:
+        env["SYNTROP_LISTEN"] = listen
     return subprocess.run(
         [sys.executable, "-m", "syntrop.cli.syn", *args, "--dir", str(directory)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, env=env,
     )
 
 
@@ -160,7 +167,7 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
     (directory / "config").mkdir(parents=True)
     (directory / "config" / "routerd.toml").write_text(
         f'[http]\nlisten = ["127.0.0.1:{port}"]\n')
-    up = syn("up", "--idle-timeout", "2", directory=directory)
+    up = syn("up", "--idle-timeout", "2", directory=directory, listen=None)
     try:
         assert up.returncode == 0, up.stderr
         assert f"OpenAI API: http://127.0.0.1:{port}/v1" in up.stdout
@@ -202,7 +209,7 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
         (other / "config").mkdir(parents=True)
         (other / "config" / "routerd.toml").write_text(
             f'[http]\nlisten = ["127.0.0.1:{port}"]\n')
-        clash = syn("up", "--no-model", directory=other)
+        clash = syn("up", "--no-model", directory=other, listen=None)
         try:
             assert clash.returncode == 1
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in clash.stderr

@@ -6,6 +6,7 @@ stream; released, the stream completes, every token once. The dev
 launcher, real inferenced, modeld and runtimed, SmolLM2."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,8 +30,11 @@ PATTERN = f"[a-z ]{{{LENGTH}}}"
 
 
 def syn(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`syn ARGS`, routerd's ingress on a free port (32768 is in the
+    ephemeral range: any outgoing connection may hold it)."""
     return subprocess.run([sys.executable, "-m", "syntrop.cli.syn", *args, "--dir",
-                           str(directory)], capture_output=True, text=True, timeout=120)
+                           str(directory)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SYNTROP_LISTEN": "127.0.0.1:0"})
 
 
 def call(directory: Path, interface: str, method: str, **params: Any) -> Any:
@@ -73,8 +77,6 @@ class Stream(threading.Thread):
 
 @pytest.fixture
 def suite(tmp_path: Path) -> Iterator[Path]:
-    import os
-
     if os.geteuid() != 0 or cgroup.find_mount() is None:
         pytest.skip("needs root and a cgroup v2 mount (the launcher delegates a cgroup)")
     if smollm2_path() is None:

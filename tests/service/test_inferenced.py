@@ -25,7 +25,13 @@ from syntrop.system import cgroup
 from syntrop.varlink.client import connect
 from tests import fakesysfs
 from tests.fakesysfs import GiB
-from tests.support import Activated, activated, declared_error, varlink_call
+from tests.support import (
+    Activated,
+    activated,
+    declared_error,
+    require_nobody_can_run_us,
+    varlink_call,
+)
 
 NAME = "io.syntrop.Inference1"
 
@@ -285,8 +291,7 @@ def test_emergency_freezes_the_victims_cgroup_and_thaws_it(tmp_path: Path) -> No
 
 
 def test_freeze_of_someone_elses_lease_is_permission_denied() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to act as another uid")
+    require_nobody_can_run_us()
     # pytest's tmp_path is private to root: use a directory nobody can reach.
     shared = Path(tempfile.mkdtemp(prefix="syntrop-perm-"))
     try:

@@ -23,6 +23,7 @@ from syntrop.interfaces.router import Router1
 from syntrop.varlink import implements
 from syntrop.varlink.client import connect
 from syntrop.varlink.server import Server, bind_unix
+from tests.support import require_nobody_can_run_us
 from tests.unit.modeld import xfs
 from tests.unit.modeld.ggufs import write_tiny
 from tests.unit.modeld.harness import Store, modeld
@@ -235,8 +236,7 @@ def test_state_survives_restarts_and_the_tree_is_repaired(tmp_path: Path) -> Non
 
 
 def test_changes_need_root_or_modeld_s_user(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to call as another user")
+    require_nobody_can_run_us()
     base = Path(tempfile.mkdtemp(prefix="modeld-perm-"))
     try:
         base.chmod(0o755)

@@ -4,7 +4,6 @@ socket-activated, SmolLM2; the other uid is nobody (65534), in a child
 process that drops root before it connects."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 import varlink
 
 from tests.models import model_node, require_llama
-from tests.support import Activated
+from tests.support import Activated, require_nobody_can_run_us
 
 require_llama()
 
@@ -57,8 +56,7 @@ print(json.dumps(answers))
 def shared_node() -> Iterator[Activated]:
     """modeld and runtimed in a directory nobody can reach too (pytest's
     tmp_path is private to root), runtimed's socket open to everyone."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to act as another uid")
+    require_nobody_can_run_us()
     root = Path(tempfile.mkdtemp(prefix="syntrop-owners-"))
     try:
         root.chmod(0o755)
