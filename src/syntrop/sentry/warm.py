@@ -27,7 +27,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -185,19 +187,26 @@ class WarmSession:
         session runtimed spilled), before an incident's budget starts. A
         session found gone is reopened once. Returns it, and the tokens
         reused and prefilled."""
+        async def ensure(opened: Opened, _: bool) -> tuple[Opened, Any]:
+            return opened, await self._ensure(opened)
+
+        opened, status = await self._in_session(ensure)
+        return opened, int(_get(status, "reused_tokens")), int(_get(status, "prefilled_tokens"))
+
+    async def _in_session(self, use: Callable[[Opened, bool], Awaitable[T]]) -> T:
+        """`use(session, reopened)`, one call at a time in the one session;
+        a session found gone is reopened, and `use` tried again, once."""
         async with self._lock:
             opened = await self.ready()
             try:
-                status = await self._ensure(opened)
+                return await use(opened, False)
             except Exception as error:
                 if not gone(error):
                     raise
-                logger.info("triage session %s gone (%s): reopening", opened.session_id,
+                logger.info("triage session %s… gone (%s): reopening", opened.session_id[:8],
                             error)
                 self._lost(opened)
-                opened = await self.ready()
-                status = await self._ensure(opened)
-        return opened, int(_get(status, "reused_tokens")), int(_get(status, "prefilled_tokens"))
+            return await use(await self.ready(), True)
 
     async def _ensure(self, opened: Opened) -> Any:
         async with await self._connect() as runtime:
@@ -209,19 +218,8 @@ class WarmSession:
         """Prefill the incident's turn after the prefix and decode the
         answer; `on_chunk(text so far, tokens so far)` as it comes. A
         session found gone is reopened once."""
-        async with self._lock:  # one incident at a time in the one session
-            opened = await self.ready()
-            try:
-                return await self._answer(opened, suffix, sampling, constraint, on_chunk,
-                                          reopened=False)
-            except Exception as error:
-                if not gone(error):
-                    raise
-                logger.info("triage session %s gone (%s): reopening", opened.session_id,
-                            error)
-                self._lost(opened)
-            return await self._answer(await self.ready(), suffix, sampling, constraint,
-                                      on_chunk, reopened=True)
+        return await self._in_session(lambda opened, reopened: self._answer(
+            opened, suffix, sampling, constraint, on_chunk, reopened=reopened))
 
     async def _answer(self, opened: Opened, suffix: str, sampling: Any, constraint: Any,
                       on_chunk: Callable[[str, int], None], *, reopened: bool) -> Answer:
@@ -271,8 +269,8 @@ class WarmSession:
                         runtime.close()
                         runtime = None
                     if opened is not None and gone(error):
-                        logger.info("triage session %s gone (%s): reopening",
-                                    opened.session_id, error)
+                        logger.info("triage session %s… gone (%s): reopening",
+                                    opened.session_id[:8], error)
                         self._lost(opened)
                         continue
                     logger.warning("no triage session (%s); trying again in %.0f s",

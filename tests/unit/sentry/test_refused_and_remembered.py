@@ -13,16 +13,7 @@ from syntrop.sentry.phases import refused
 from syntrop.sentry.pipeline import Executed, Facts, IncidentRecord, Phases, StepRecord
 from syntrop.sentry.store import Store
 from syntrop.sentry.supervisor import Supervisor
-
-T0 = 1_000_000 * SECOND
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
+from tests.unit.sentry.test_supervisor import T0, Clock
 
 
 async def fail(*_: object) -> Any:
