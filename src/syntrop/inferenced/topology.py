@@ -16,7 +16,6 @@ Affinity: two planes are close when their PCI paths share a long prefix
 
 import itertools
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +117,8 @@ def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
 def _nvidia_smi(root: Path) -> list[NvidiaGpu]:
     """The GPUs nvidia-smi lists (under `root`'s /usr/bin or /bin for a
     test tree); none when it is missing, fails or hangs."""
+    import shutil  # here: with bz2 and lzma it costs every cold start ~2 ms
+
     search = None if root == Path("/") else f"{root}/usr/bin{os.pathsep}{root}/bin"
     program = shutil.which("nvidia-smi", path=search)
     if program is None:
