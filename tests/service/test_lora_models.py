@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from syntrop.runtimed import batch as lowlevel
-from syntrop.runtimed import lora
+from syntrop.runtimed.worker import batch as lowlevel
+from syntrop.runtimed.worker import lora
 from tests import tinymodel
 from tests.models import require_llama
 

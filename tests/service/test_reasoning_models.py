@@ -8,7 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from syntrop.runtimed.reasoning import ANSWER, MARKER, THINKING, Reasoning, ReasoningError, markers
+from syntrop.runtimed.worker.reasoning import (
+    ANSWER,
+    MARKER,
+    THINKING,
+    Reasoning,
+    ReasoningError,
+    markers,
+)
 from tests import tinymodel
 from tests.models import require_llama, smollm2
 

@@ -1,5 +1,5 @@
 """runtimed keeps the KV of the chats it served in its idle contexts and
-gives a chat the context that holds its start (runtimed/pool.py), and says
+gives a chat the context that holds its start (runtimed/worker/pool.py), and says
 which chat prefixes are resident (Runtime1.GetLoad), as the digests routerd
 computes: real runtimed and modeld, socket-activated, SmolLM2."""
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from syntrop.runtimed import batch as lowlevel
-from syntrop.runtimed.sinks import Stream
+from syntrop.runtimed.worker import batch as lowlevel
+from syntrop.runtimed.worker.sinks import Stream
 from tests import tinymodel
 from tests.models import require_llama, smollm2
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from syntrop.runtimed import speculative as sp
+from syntrop.runtimed.worker import speculative as sp
 from tests import tinymodel
 from tests.models import require_llama, smollm2
 

@@ -17,8 +17,7 @@ from syntrop.interfaces.runtime import (
     Speculative,
 )
 from syntrop.runtimed.config import Config
-from syntrop.runtimed.engine import KV_TYPES, Options
-from syntrop.runtimed.host import wire_params
+from syntrop.runtimed.protocol import KV_TYPES, Options, wire_params
 from syntrop.runtimed.residency import check_name
 from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import PROMPT_FORMATS
@@ -26,7 +25,7 @@ from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
     from syntrop.runtimed import constrain
-    from syntrop.runtimed.sinks import Journal
+    from syntrop.runtimed.journal import Journal
 
 #: Most tokens drafted per speculative step.
 MAX_DRAFT_MAX = 16
@@ -174,6 +173,6 @@ def window(config: SessionConfig | None, n_ctx: int) -> tuple[int | None, "Journ
     size = JOURNAL_BYTES if config.journal_bytes is None else config.journal_bytes
     if not 1 <= size <= MAX_JOURNAL_BYTES:
         raise InvalidParameter(parameter="config.journal_bytes")
-    from syntrop.runtimed.sinks import Journal
+    from syntrop.runtimed.journal import Journal
 
     return config.sinks, Journal(size)

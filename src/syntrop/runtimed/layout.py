@@ -15,7 +15,7 @@ how many threads each context decodes with while others run:
   (batch.py's continuous batching, every thread); sessions' contexts pace
   as in ``auto``.
 
-Each model's engine runs in a worker process of its own (worker.py), so
+Each model's engine runs in a worker process of its own (worker/loop.py), so
 the count of running generations and the ``threads`` layout's gate span
 processes: a `Board` is one shared page (a memfd runtimed makes and hands
 to every worker) with a cell per worker, each written only by its worker,

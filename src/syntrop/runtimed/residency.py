@@ -3,7 +3,7 @@ it, when it goes, and what happens when its worker dies.
 
 A model becomes resident on first use: runtimed takes modeld's descriptor
 (OpenModel), hashes the bytes behind it against modeld's digest, starts a
-worker (workers.py) and hands the descriptor over; the worker loads it.
+worker (supervisor.py) and hands the descriptor over; the worker loads it.
 The descriptor's shared lock travels with it, so modeld sees the model in
 use for as long as the worker lives.
 
@@ -13,7 +13,7 @@ after the keep-alive, at once under memory pressure (`some avg10` of
 `pressure_file` over `unload_pressure`; the service then sheds contexts
 and sessions too), or on request: its worker is asked to exit.
 
-A worker that dies unasked is a crash. Its calls fail at once (workers.py);
+A worker that dies unasked is a crash. Its calls fail at once (supervisor.py);
 here the model stops being resident, the crash is logged once, with the
 signal and the calls it was serving, and counted. The next request starts
 a new worker: at once after one crash, after a growing pause after more,
@@ -44,7 +44,7 @@ from syntrop.runtimed import leases
 from syntrop.runtimed.config import Config
 from syntrop.runtimed.layout import CELLS, Board
 from syntrop.runtimed.models import WeightsDiffer, open_in_modeld, verified
-from syntrop.runtimed.workers import Exit, Worker, WorkerGone
+from syntrop.runtimed.supervisor import Exit, WorkerGone, WorkerProcess
 from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Resident:
     name: str
     digest: str
     size: int
-    worker: Worker
+    worker: WorkerProcess
     busy: int = 0
     last_used: float = field(default_factory=time.monotonic)
     #: Draft models loaded into this worker (for speculative decoding).
@@ -158,7 +158,7 @@ class Residency:
         self.models: dict[str, Resident] = {}
         self.crashes: dict[str, Crashes] = {}
         #: Called with (model, exit, calls) when a worker crashes.
-        self.on_crash: Callable[[Worker, Exit, list[str]], None] = lambda *_: None
+        self.on_crash: Callable[[WorkerProcess, Exit, list[str]], None] = lambda *_: None
         #: Whether something besides calls holds a model (the service's
         #: sessions), and what to shed besides idle models under pressure.
         self.in_use: Callable[[Resident], bool] = lambda resident: resident.busy > 0
@@ -318,7 +318,7 @@ class Residency:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _start(self, name: str, slots: int) -> Worker:
+    async def _start(self, name: str, slots: int) -> WorkerProcess:
         choice = await self._engine()
         cell = self._cells.pop(0)
         Board.clear(self._board, cell)
@@ -332,7 +332,7 @@ class Residency:
                     # The triage lane outweighs every other worker for the CPU.
                     "nice": 0 if lane_of(name)[1] else OTHERS_NICE}
         try:
-            return await Worker.start(name, settings=settings, engine=choice.to_json(),
+            return await WorkerProcess.start(name, settings=settings, engine=choice.to_json(),
                                       board=self._board, cell=cell, on_exit=self._exited)
         except OSError:  # not started at all (no process to end)
             self._cells.append(cell)
@@ -408,7 +408,7 @@ class Residency:
             logger.info("unloaded %s: %s", name, why)
         return freed
 
-    def _exited(self, worker: Worker, exit: Exit, calls: list[str]) -> None:
+    def _exited(self, worker: WorkerProcess, exit: Exit, calls: list[str]) -> None:
         Board.clear(self._board, worker.cell)
         self._cells.append(worker.cell)
         resident = self.models.get(worker.model)

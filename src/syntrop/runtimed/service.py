@@ -3,8 +3,8 @@
 Each method validates, takes what the request needs (its model, a slot),
 hands the work to the model's engine worker and answers with what comes
 back. llama.cpp never runs in this process: every model lives in a worker
-process of its own (worker.py, host.py), started and watched by
-residency.py and workers.py, so a native fault ends that model's calls
+process of its own (the worker package), started and watched by
+residency.py and supervisor.py, so a native fault ends that model's calls
 with EngineCrashed while every other model, and this face, go on.
 
 Kept in this process, on the event loop, is what spans models: the slots
@@ -70,18 +70,18 @@ from syntrop.interfaces.runtime import (
 from syntrop.runtimed import checks
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
-from syntrop.runtimed.engine import Options
+from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.residency import Residency, Resident, check_name, crashed, lane_of
 from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.runtimed.streams import relay
-from syntrop.runtimed.workers import Call, Exit, Worker, WorkerGone
+from syntrop.runtimed.supervisor import Call, Exit, WorkerGone, WorkerProcess
 from syntrop.varlink import InvalidParameter, authz, current_peer, implements
 
 if TYPE_CHECKING:
     from syntrop.runtimed.cpu import Choice
-    from syntrop.runtimed.sinks import Journal
+    from syntrop.runtimed.journal import Journal
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -242,7 +242,7 @@ class RuntimeService(Runtime1):
         except WorkerGone as gone:
             raise crashed(resident.name, gone) from None
 
-    def _crashed(self, worker: Worker, exit: Exit, calls: list[str]) -> None:
+    def _crashed(self, worker: WorkerProcess, exit: Exit, calls: list[str]) -> None:
         """A model's worker died: its sessions are lost (their slots and
         spilled state freed now; each answers SessionLost until closed)."""
         model = worker.model

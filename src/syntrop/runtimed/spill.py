@@ -3,50 +3,21 @@ memory up to a byte budget and in files beyond it, so their slots can serve
 others and the sessions come back warm.
 
 A session's context lives in its model's engine worker; spilling it there
-writes the state into a memfd (`write_saved`) that the worker hands to
+writes the state into a memfd (worker/saved.py) that the worker hands to
 runtimed, which keeps it here: the memfd itself while the budget allows,
 else a file under the state directory it is copied into. Restoring hands
-the descriptor back to a worker, which reads it (`read_saved`). Format, the
-same in memory and in files: the token count (8 bytes, little-endian), the
-tokens (4 bytes each), then llama.cpp's sequence state.
+the descriptor back to a worker, which reads it.
 
 Blocking (copies): the service calls `put`, `take` and `flush` in threads.
 """
 
 import os
-import sys
 import threading
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from syntrop.runtimed.engine import Saved
-
 #: Bytes copied per call when a memfd moves to a file.
 CHUNK = 1 << 22
-
-
-def write_saved(fd: int, saved: Saved) -> None:
-    """Write `saved` at the start of `fd` (in the spill format)."""
-    tokens = _little(array("i", saved.tokens))
-    view = memoryview(len(saved.tokens).to_bytes(8, "little") + tokens.tobytes() + saved.data)
-    offset = 0
-    while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
-
-
-def read_saved(fd: int) -> Saved:
-    """The state written by `write_saved` (ValueError when it is damaged)."""
-    size = os.fstat(fd).st_size
-    blob = os.pread(fd, size, 0) if size else b""
-    if len(blob) < 8:
-        raise ValueError("spilled state: truncated")
-    count = int.from_bytes(blob[:8], "little")
-    if 8 + 4 * count > len(blob):
-        raise ValueError("spilled state: truncated token list")
-    tokens = array("i")
-    tokens.frombytes(blob[8:8 + 4 * count])
-    return Saved(tokens=_little(tokens).tolist(), data=blob[8 + 4 * count:])
 
 
 @dataclass(slots=True)
@@ -159,11 +130,3 @@ class SpillStore:
         for key in list(self._held):
             self.drop(key)
 
-
-def _little(tokens: "array[int]") -> "array[int]":
-    """`tokens` in little-endian order (swapped in place on a big-endian host)."""
-    if tokens.itemsize != 4:
-        raise RuntimeError("C int is not 4 bytes here")
-    if sys.byteorder != "little":
-        tokens.byteswap()
-    return tokens

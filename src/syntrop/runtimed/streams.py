@@ -31,7 +31,8 @@ from typing import Any
 from asyncvarlink import AnnotatedResult
 
 from syntrop.interfaces.runtime import Chunk, TokenLogprob, TopLogprob
-from syntrop.runtimed.workers import Call, Worker
+from syntrop.runtimed import protocol
+from syntrop.runtimed.supervisor import Call, Gone, WorkerProcess
 
 #: The counts a last chunk may carry.
 EXTRA = frozenset(f.name for f in fields(Chunk)) - {"text", "tokens", "finish_reason",
@@ -52,10 +53,10 @@ def logprobs(entries: list[dict[str, Any]] | None) -> list[TokenLogprob] | None:
                          top=[_top(t) for t in e.get("top") or ()]) for e in entries]
 
 
-def _chunk(event: str, message: dict[str, Any]) -> Chunk:
-    return Chunk(text=str(message.get("text", "")), tokens=int(message.get("tokens", 0)),
-                 finish_reason=None, thinking=True if event == "think" else None,
-                 logprobs=logprobs(message.get("logprobs")))
+def _chunk(piece: protocol.Piece) -> Chunk:
+    return Chunk(text=piece.text, tokens=piece.tokens, finish_reason=None,
+                 thinking=True if piece.kind == "think" else None,
+                 logprobs=logprobs(piece.logprobs))
 
 
 def join(first: Chunk, second: Chunk) -> Chunk:
@@ -67,7 +68,7 @@ def join(first: Chunk, second: Chunk) -> Chunk:
                    logprobs=entries)
 
 
-def _note_first(times: dict[str, float], first: dict[str, Any]) -> None:
+def _note_first(times: dict[str, float], first: dict[str, float]) -> None:
     times.update(worker_received=float(first.get("received", 0.0)),
                  engine_start=float(first.get("started", 0.0)),
                  first_token=float(first.get("at", 0.0)), first_seen=time.monotonic())
@@ -79,7 +80,7 @@ def _last(result: dict[str, Any]) -> Chunk:
     return Chunk(text="", tokens=0, finish_reason=str(result.get("reason", "stop")), **extra)
 
 
-_Event = tuple[str, dict[str, Any], list[int]]
+_Event = tuple[protocol.Reply | Gone, list[int]]
 
 
 def _coalesced(chunk: Chunk, queue: "asyncio.Queue[_Event]") -> tuple[Chunk, _Event | None]:
@@ -87,13 +88,13 @@ def _coalesced(chunk: Chunk, queue: "asyncio.Queue[_Event]") -> tuple[Chunk, _Ev
     and the first other event, held for the next turn."""
     while chunk.thinking is None and not queue.empty():
         following = queue.get_nowait()
-        if following[0] != "piece":
+        if not isinstance(following[0], protocol.Piece) or following[0].kind != "piece":
             return chunk, following
-        chunk = join(chunk, _chunk("piece", following[1]))
+        chunk = join(chunk, _chunk(following[0]))
     return chunk, None
 
 
-async def relay(worker: Worker, call: Call, *, done: Callable[[], None], received: float,
+async def relay(worker: WorkerProcess, call: Call, *, done: Callable[[], None], received: float,
                 trace: str | None = None, on_text: Callable[[str], None] | None = None,
                 on_result: Callable[[dict[str, Any]], None] | None = None,
                 ) -> AsyncIterator[AnnotatedResult]:
@@ -112,9 +113,9 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
         """The worker has ended a call the client left: its result (a
         cancelled Decode's counts), if it sent one, then give back."""
         while not queue.empty():
-            event, message, _fds = queue.get_nowait()
-            if event == "done" and on_result is not None:
-                on_result(dict(message.get("result") or {}))
+            message, _fds = queue.get_nowait()
+            if isinstance(message, protocol.Done) and on_result is not None:
+                on_result(dict(message.result))
         give_back()
 
     queue = call.events
@@ -123,20 +124,21 @@ async def relay(worker: Worker, call: Call, *, done: Callable[[], None], receive
         while True:
             item = held if held is not None else await queue.get()
             held = None
-            event, message, _ = item
-            if "first" in message:  # the engine's first-token times ride along
-                _note_first(times, message["first"])
-            if event == "error":
+            message, _ = item
+            first = None if isinstance(message, Gone) else message.first
+            if first is not None:  # the engine's first-token times ride along
+                _note_first(times, first)
+            if isinstance(message, protocol.Failed | Gone):
                 give_back()
                 raise worker.error(message)
-            if event == "done":
-                result = dict(message.get("result") or {})
+            if isinstance(message, protocol.Done):
+                result = dict(message.result)
                 if on_result is not None:
                     on_result(result)
                 give_back()
                 yield AnnotatedResult({"chunk": _last(result)}, continues=False)
                 return
-            chunk, held = _coalesced(_chunk(event, message), queue)
+            chunk, held = _coalesced(_chunk(message), queue)
             if on_text is not None and chunk.thinking is None:
                 on_text(chunk.text)
             yield AnnotatedResult({"chunk": chunk}, continues=True)

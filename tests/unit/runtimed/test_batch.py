@@ -3,8 +3,8 @@ and how prompt tokens share the room of a batch."""
 
 import pytest
 
-from syntrop.runtimed.batch import Request, sampler_stages, share
 from syntrop.runtimed.sampling import MAX_SEED
+from syntrop.runtimed.worker.batch import Request, sampler_stages, share
 
 
 def test_temperature_zero_is_greedy_whatever_the_rest() -> None:

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from syntrop.interfaces.runtime import InvalidSampling, Sampling, Speculative
 from syntrop.runtimed import checks
-from syntrop.runtimed.engine import Output
-from syntrop.runtimed.logprobs import FLOOR, Scorer, score
 from syntrop.runtimed.sampling import MAX_LOGPROBS, SamplingError, validate
 from syntrop.runtimed.streams import relay
-from syntrop.runtimed.workers import Call
+from syntrop.runtimed.supervisor import Call
+from syntrop.runtimed.worker.engine import Output
+from syntrop.runtimed.worker.logprobs import FLOOR, Scorer, score
 from tests.unit.runtimed.test_stream import Worker, queued
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from syntrop.runtimed import lora
+from syntrop.runtimed.worker import lora
 from tests import tinymodel
 
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from syntrop.prefix import reported
-from syntrop.runtimed.engine import Engine, Options
-from syntrop.runtimed.pool import REUSE_MIN, Pool
+from syntrop.runtimed.protocol import Options
+from syntrop.runtimed.worker.engine import Engine
+from syntrop.runtimed.worker.pool import REUSE_MIN, Pool
 
 
 class Context:
@@ -120,7 +121,7 @@ def test_the_cache_reports_what_idle_contexts_hold(loads: list[Context]) -> None
 
 def test_a_failed_load_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     from syntrop.interfaces.runtime import InvalidModel
-    from syntrop.runtimed.engine import LoadError
+    from syntrop.runtimed.worker.engine import LoadError
 
     def load(fd: int, options: Options, **_: object) -> Context:
         raise LoadError("truncated")

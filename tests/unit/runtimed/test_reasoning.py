@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from syntrop.runtimed.reasoning import ANSWER, MARKER, THINKING, Reasoning
+from syntrop.runtimed.worker.reasoning import ANSWER, MARKER, THINKING, Reasoning
 
 START, END, VOCAB = 3, 4, 16
 

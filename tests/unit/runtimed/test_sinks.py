@@ -2,7 +2,8 @@
 
 import pytest
 
-from syntrop.runtimed.sinks import Journal, Shift, apply, default_discard, plan
+from syntrop.runtimed.journal import Journal
+from syntrop.runtimed.worker.sinks import Shift, apply, default_discard, plan
 
 
 def test_no_shift_while_the_tokens_fit() -> None:

@@ -1,6 +1,6 @@
 """Prompt-lookup drafting and output comparison, on plain token lists."""
 
-from syntrop.runtimed.speculative import PromptLookup, Result, divergence, lookup
+from syntrop.runtimed.worker.speculative import PromptLookup, Result, divergence, lookup
 
 
 def test_lookup_proposes_what_followed_the_last_ngram() -> None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from syntrop.runtimed.speculative import (
+from syntrop.runtimed.worker.speculative import (
     Sampler,
     candidates,
     common_prefix,

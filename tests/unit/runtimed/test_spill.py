@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from syntrop.runtimed.engine import Saved
-from syntrop.runtimed.spill import SpillStore, read_saved, write_saved
+from syntrop.runtimed.spill import SpillStore
+from syntrop.runtimed.worker.engine import Saved
+from syntrop.runtimed.worker.saved import read_saved, write_saved
 
 
 def memfd(saved: Saved) -> int:

@@ -5,7 +5,7 @@ a worker runs only engine code, and the face's modules stay free to change)."""
 import subprocess
 import sys
 
-FACE = ("syntrop.runtimed.service", "syntrop.runtimed.residency", "syntrop.runtimed.workers",
+FACE = ("syntrop.runtimed.service", "syntrop.runtimed.residency", "syntrop.runtimed.supervisor",
         "syntrop.runtimed.checks", "syntrop.runtimed.streams")
 
 
@@ -21,5 +21,5 @@ def test_the_face_never_loads_llama_cpp() -> None:
 
 
 def test_the_worker_side_never_imports_the_face() -> None:
-    statement = "import syntrop.runtimed.worker, syntrop.runtimed.host"
+    statement = "import syntrop.runtimed.worker, syntrop.runtimed.worker.host"
     assert loaded_after(statement, FACE) == []

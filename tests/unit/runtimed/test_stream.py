@@ -10,8 +10,9 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from syntrop.runtimed import protocol
 from syntrop.runtimed.streams import relay
-from syntrop.runtimed.workers import Call, varlink_error
+from syntrop.runtimed.supervisor import Call, varlink_error
 
 PIECES = 2000
 
@@ -23,13 +24,16 @@ class Worker:
     def cancel(self, call: Call) -> None:
         self.cancelled.append(call.id)
 
-    def error(self, message: dict[str, Any]) -> Exception:
-        return varlink_error(message["error"])
+    def error(self, message: protocol.Failed) -> Exception:
+        return varlink_error(message)
 
 
 def queued(call: Call, *events: tuple[str, dict[str, Any]]) -> None:
-    for event, message in events:
-        call.events.put_nowait((event, message, []))
+    """Events as the worker's wire has them, decoded as the supervisor does."""
+    for event, wire in events:
+        message = protocol.decode({"id": call.id, "event": event, **wire})
+        assert isinstance(message, protocol.Piece | protocol.Done | protocol.Failed)
+        call.events.put_nowait((message, []))
 
 
 def test_queued_pieces_leave_together() -> None:

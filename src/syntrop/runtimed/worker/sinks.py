@@ -7,10 +7,10 @@ would not fit the context, `discard` tokens right after the sinks leave the
 KV cache and the ones after them move down by `discard` positions
 (llama.cpp's KV shift: `llama_memory_seq_rm` plus `llama_memory_seq_add`,
 which re-rotates the cached keys), so memory stays at one context while the
-stream runs on without bound. What was said is kept in a `Journal`: the
-last `limit` bytes of the stream's text.
+stream runs on without bound. What was said is kept in a `Journal`
+(journal.py): the last `limit` bytes of the stream's text.
 
-`plan` and `Journal` are pure; `Window` is a session's sliding window (the
+`plan` is pure; `Window` is a session's sliding window (the
 service's sessions with `sinks`, through `Engine.shift`); `Stream` drives a
 `Llama`'s context on its own (tests, benchmarks).
 """
@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from syntrop.runtimed import batch as lowlevel
+from syntrop.runtimed.journal import Journal
+from syntrop.runtimed.worker import batch as lowlevel
 
 
 class SinkError(Exception):
@@ -73,39 +74,6 @@ def shift_cache(ctx: Any, shift: Shift, seq: int = 0) -> None:
     mem = lowlevel.memory(ctx)
     llama_cpp.llama_memory_seq_rm(mem, seq, shift.start, shift.start + shift.count)
     llama_cpp.llama_memory_seq_add(mem, seq, shift.start + shift.count, shift.end, -shift.count)
-
-
-class Journal:
-    """The last `limit` bytes of a stream's text (cut at a character
-    boundary), and how many bytes went through in all."""
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("journal limit must be positive")
-        self.limit = limit
-        self.total = 0
-        self._buffer = bytearray()
-
-    def append(self, text: str) -> None:
-        data = text.encode()
-        self.total += len(data)
-        self._buffer += data
-        excess = len(self._buffer) - self.limit
-        if excess > 0:
-            # Never start inside a UTF-8 sequence (continuation bytes 10xxxxxx).
-            while excess < len(self._buffer) and self._buffer[excess] & 0xC0 == 0x80:
-                excess += 1
-            del self._buffer[:excess]
-
-    @property
-    def dropped(self) -> int:
-        return self.total - len(self._buffer)
-
-    def text(self) -> str:
-        return self._buffer.decode(errors="replace")
-
-    def __len__(self) -> int:
-        return len(self._buffer)
 
 
 @dataclass(slots=True)

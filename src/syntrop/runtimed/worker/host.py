@@ -1,4 +1,4 @@
-"""One model's engine, inside its worker process (worker.py).
+"""One model's engine, inside its worker process (worker/loop.py).
 
 A Host holds everything of llama.cpp that belongs to one model: the
 verified descriptor, a pool of idle contexts for stateless requests, the
@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.interfaces.runtime import (
@@ -36,18 +36,19 @@ from syntrop.interfaces.runtime import (
 )
 from syntrop.prefix import reported
 from syntrop.runtimed import sessions as sessions_mod
-from syntrop.runtimed.engine import Engine, EngineError, LoadError, Options, Output, Overflow
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.pool import KEEP_MIN, Pool
+from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.sampling import Params
-from syntrop.runtimed.spill import read_saved, write_saved
+from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Output, Overflow
+from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
+from syntrop.runtimed.worker.saved import read_saved, write_saved
 from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
     from syntrop.runtimed import constrain
-    from syntrop.runtimed.batch import Batcher
-    from syntrop.runtimed.reasoning import Reasoning
-    from syntrop.runtimed.sinks import Window
+    from syntrop.runtimed.worker.batch import Batcher
+    from syntrop.runtimed.worker.reasoning import Reasoning
+    from syntrop.runtimed.worker.sinks import Window
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +77,8 @@ def params_from(value: dict[str, Any]) -> Params:
     return Params(**{**value, "stop": tuple(value.get("stop", ()))})
 
 
-def wire_params(params: Params) -> dict[str, Any]:
-    return {**asdict(params), "stop": list(params.stop)}
-
-
 @dataclass(slots=True, kw_only=True)
-class Seat:
+class SessionContext:
     """A session's context in this worker (None while spilled)."""
 
     options: Options
@@ -135,7 +132,7 @@ def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
     model without single-token thinking markers."""
     if params.reasoning_budget is None:
         return None
-    from syntrop.runtimed.reasoning import ReasoningError
+    from syntrop.runtimed.worker.reasoning import ReasoningError
 
     try:
         return engine.reasoning(params.reasoning_budget)
@@ -153,7 +150,7 @@ class Host:
         self.n_threads = n_threads
         self.model: Pool | None = None
         self.drafts: dict[str, Pool] = {}
-        self.seats: dict[str, Seat] = {}
+        self.seats: dict[str, SessionContext] = {}
         self._lock = threading.Lock()
         self._loading_draft = threading.Lock()
 
@@ -306,7 +303,7 @@ class Host:
                 pool.batcher.close()
                 pool.batcher = None
             if pool.batcher is None:
-                from syntrop.runtimed.batch import Batcher, DecodeError
+                from syntrop.runtimed.worker.batch import Batcher, DecodeError
 
                 if pool.batch_engine is not None:
                     pool.batch_engine.close()
@@ -334,7 +331,7 @@ class Host:
                  held: contextlib.ExitStack) -> Any:
         """Prompt lookup, or a draft model's context (given back when the
         stream ends) whose vocabulary was checked against the model's."""
-        from syntrop.runtimed import speculative as sp
+        from syntrop.runtimed.worker import speculative as sp
 
         name = spec.get("draft")
         if name is None:
@@ -372,7 +369,7 @@ class Host:
 
     # sessions -----------------------------------------------------------------
 
-    def _seat(self, session: str) -> Seat:
+    def _seat(self, session: str) -> SessionContext:
         with self._lock:
             seat = self.seats.get(session)
         if seat is None:
@@ -393,7 +390,7 @@ class Host:
         if seat is None or seat.engine is not engine:
             raise SessionNotFound(session_id=session)
 
-    def _new_context(self, seat: Seat, adapter: str) -> Engine:
+    def _new_context(self, seat: SessionContext, adapter: str) -> Engine:
         """A context for a session, its adapter applied (AdapterMismatch,
         with the context closed, when the adapter does not fit)."""
         pool = self._pool()
@@ -402,7 +399,7 @@ class Host:
         except LoadError as error:
             raise InvalidModel(model=pool.name, reason=error.reason) from None
         if seat.lora_fd is not None:
-            from syntrop.runtimed.lora import AdapterError
+            from syntrop.runtimed.worker.lora import AdapterError
 
             try:
                 engine.attach_lora(seat.lora_fd, seat.lora_scale)
@@ -415,7 +412,7 @@ class Host:
         """A session's context (with its adapter, behind fds[0], when it has
         one); ShiftUnsupported for sinks on a cache that cannot shift."""
         session = str(args["session"])
-        seat = Seat(options=options_from(args["options"]), engine=None,
+        seat = SessionContext(options=options_from(args["options"]), engine=None,
                     lora_fd=fds[0] if fds else None, lora_scale=float(args.get("lora_scale", 1.0)))
         try:
             engine = self._new_context(seat, str(args.get("lora") or ""))
@@ -425,7 +422,8 @@ class Host:
                 engine.close()
                 raise InvalidParameter(parameter="config.prompt_format")
             if args.get("sinks") is not None:
-                from syntrop.runtimed.sinks import Journal, Window
+                from syntrop.runtimed.journal import Journal
+                from syntrop.runtimed.worker.sinks import Window
 
                 if not engine.can_shift():
                     engine.close()

@@ -1,17 +1,17 @@
 """runtimed's side of its engine workers: starting one, calling it, and
 noticing at once when it dies.
 
-`Worker.start` runs `python -m syntrop.runtimed.worker` with one end of a
-socketpair and waits for its hello. Calls are messages on that socket
-(channel.py): `request` waits for one reply; `open` sends a call whose
-events (a stream's pieces) its reader takes from `Call.events` as they
-come. A call is finished when the worker says so (done or error) or when
+`WorkerProcess.start` runs `python -m syntrop.runtimed.worker` with one end
+of a socketpair and waits for its hello. Calls are messages on that socket
+(protocol.py, carried by channel.py): `request` waits for one reply; `open`
+sends a call whose replies (a stream's pieces) its reader takes from
+`Call.events` as they come. A call is finished when the worker says so (done or error) or when
 the worker is gone.
 
 Death is watched through a pidfd on the event loop: when the process ends,
 every call in flight on it fails at once with `WorkerGone` (its exit status
 or signal, and what it was serving), the `on_exit` callback runs, and the
-Worker is done for; the next request makes a new one (residency.py decides
+WorkerProcess is done for; the next request makes a new one (residency.py decides
 whether, and when). A worker that closes its socket without exiting is
 killed after a second.
 
@@ -24,7 +24,6 @@ runtimed does.
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import signal
@@ -37,7 +36,7 @@ from typing import Any
 
 from asyncvarlink import GenericVarlinkErrorReply
 
-from syntrop.runtimed import channel
+from syntrop.runtimed import channel, protocol
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +84,20 @@ class WorkerGone(Exception):
         self.reason = reason
 
 
-def varlink_error(error: dict[str, Any]) -> Exception:
-    """The exception a worker's `error` event stands for: the declared
-    Runtime1 error it names, typed where we know it."""
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """Put in a call's events when its worker died with the call on it."""
+
+
+def varlink_error(failed: protocol.Failed) -> Exception:
+    """The exception a worker's `Failed` stands for: the declared Runtime1
+    error it names, typed where we know it."""
     from syntrop.interfaces.runtime import Runtime1
     from syntrop.varlink import InvalidParameter
 
-    name = error.get("name")
-    parameters = error.get("parameters") or {}
+    name, parameters = failed.name, failed.parameters
     if not name:
-        return RuntimeError(str(error.get("message", "the engine failed")))
+        return RuntimeError(failed.message)
     known: dict[str, Any] = {cls.name: cls for cls in Runtime1.errors}
     known[InvalidParameter.name] = InvalidParameter
     typed = known.get(name)
@@ -114,7 +117,8 @@ class Call:
     label: str
     #: CLOCK_MONOTONIC when it was sent (the benchmark's trace).
     sent: float = 0.0
-    events: asyncio.Queue[tuple[str, dict[str, Any], list[int]]] = \
+    #: The worker's replies (and Gone), each with its descriptors.
+    events: asyncio.Queue[tuple[protocol.Reply | Gone, list[int]]] = \
         field(default_factory=asyncio.Queue)
     finished: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -127,18 +131,18 @@ class Call:
 def _drain(call: Call) -> None:
     """Close the descriptors of events nobody will read."""
     while not call.events.empty():
-        for fd in call.events.get_nowait()[2]:
+        for fd in call.events.get_nowait()[1]:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-class Worker:
+class WorkerProcess:
     """One engine worker process and its socket."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, model: str, process: subprocess.Popen[bytes], sock: Any,
-                 cell: int, on_exit: "Callable[[Worker, Exit, list[str]], None] | None" = None,
+    def __init__(self, model: str, process: subprocess.Popen[bytes], sock: Any, cell: int,
+                 on_exit: "Callable[[WorkerProcess, Exit, list[str]], None] | None" = None,
                  ) -> None:
         self.model = model
         self.process = process
@@ -167,16 +171,16 @@ class Worker:
     @classmethod
     async def start(cls, model: str, *, settings: dict[str, Any], engine: str,
                     board: int, cell: int,
-                    on_exit: "Callable[[Worker, Exit, list[str]], None] | None" = None,
-                    ) -> "Worker":
+                    on_exit: "Callable[[WorkerProcess, Exit, list[str]], None] | None" = None,
+                    ) -> "WorkerProcess":
         """Start a worker for `model` and wait for its hello; WorkerGone
         when it dies or says it cannot start. `on_exit` runs once when the
         process has ended (its exit, and the calls it took down)."""
         ours, theirs = channel.pair()
         env = dict(os.environ)
         env.update(SYNTROP_WORKER_FD=str(theirs.fileno()), SYNTROP_ENGINE=engine,
-                   SYNTROP_WORKER=json.dumps({**settings, "model": model, "board": board,
-                                              "cell": cell, "parent": os.getpid()}))
+                   SYNTROP_WORKER=protocol.Settings(**settings, model=model, board=board,
+                                                    cell=cell, parent=os.getpid()).to_json())
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "syntrop.runtimed.worker"],
@@ -223,7 +227,7 @@ class Worker:
         call = Call(next(self._ids), op, label or op, time.monotonic())
         self._calls[call.id] = call
         try:
-            self.link.send({"id": call.id, "op": op, "args": args}, fds)
+            self.link.send(protocol.encode(protocol.Request(call.id, op, args)), fds)
         except OSError:
             del self._calls[call.id]
             raise WorkerGone(self.model, self.exit, self.gone_reason()) from None
@@ -244,12 +248,12 @@ class Worker:
         call = self.open(op, args, fds, label=label)
         try:
             while True:
-                event, message, received = await call.events.get()
-                if event == "done":
-                    return dict(message.get("result") or {}), received
+                message, received = await call.events.get()
+                if isinstance(message, protocol.Done):
+                    return dict(message.result), received
                 for fd in received:
                     os.close(fd)
-                if event == "error":
+                if not isinstance(message, protocol.Piece):
                     raise self.error(message)
         except asyncio.CancelledError:
             self.cancel(call)
@@ -260,29 +264,31 @@ class Worker:
     def cancel(self, call: Call) -> None:
         if self.alive and not call.finished.done():
             with contextlib.suppress(OSError):
-                self.link.send({"id": call.id, "op": "cancel"})
+                self.link.send(protocol.encode(protocol.Cancel(call.id)))
 
-    def error(self, message: dict[str, Any]) -> Exception:
-        if message.get("gone"):
+    def error(self, message: protocol.Failed | Gone) -> Exception:
+        if isinstance(message, Gone):
             return WorkerGone(self.model, self.exit, self.gone_reason())
-        return varlink_error(dict(message.get("error") or {}))
+        return varlink_error(message)
 
     # the process ------------------------------------------------------------
 
-    def _message(self, message: dict[str, Any], fds: list[int]) -> None:
-        rid, event = message.get("id"), str(message.get("event", ""))
-        if rid == 0 and event == "fatal":
-            self._fatal = str(message.get("message", ""))
+    def _message(self, wire: dict[str, Any], fds: list[int]) -> None:
+        try:
+            message = protocol.decode(wire)
+        except ValueError:
+            message = None
+        if isinstance(message, protocol.Fatal):
+            self._fatal = message.message
+        reply = message if isinstance(message, protocol.Piece | protocol.Done
+                                      | protocol.Failed) else None
+        call = self._calls.get(reply.id) if reply is not None else None
+        if call is None or reply is None:  # fatal, or a late reply to a call given up on
             for fd in fds:
                 os.close(fd)
             return
-        call = self._calls.get(rid) if isinstance(rid, int) else None
-        if call is None:  # a late reply to a call given up on
-            for fd in fds:
-                os.close(fd)
-            return
-        call.events.put_nowait((event, message, fds))
-        if event in ("done", "error"):
+        call.events.put_nowait((reply, fds))
+        if not isinstance(reply, protocol.Piece):
             del self._calls[call.id]
             call.finish()
 
@@ -303,7 +309,7 @@ class Worker:
         gone = list(self._calls.values())
         self._calls.clear()
         for call in gone:
-            call.events.put_nowait(("error", {"gone": True}, []))
+            call.events.put_nowait((Gone(), []))
             call.finish()
         if self.on_exit is not None:
             self.on_exit(self, self.exit, [call.label for call in gone])
@@ -332,7 +338,7 @@ class Worker:
             return
         self._stopping = True
         with contextlib.suppress(OSError):
-            self.link.send({"id": 0, "op": "exit"})
+            self.link.send(protocol.encode(protocol.Exit()))
         try:
             await asyncio.wait_for(asyncio.shield(self.ended), STOP_TIMEOUT)
         except TimeoutError:

@@ -1,6 +1,6 @@
 """The engine: one llama.cpp context (llama-cpp-python's `Llama`) per slot.
 
-Everything here blocks, and runs only in an engine worker process (worker.py,
+Everything here blocks, and runs only in an engine worker process (worker/loop.py,
 host.py), on a thread per request; runtimed's own process never imports
 llama_cpp. llama_cpp is imported inside the functions that need it.
 
@@ -27,18 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.logprobs import Entry, Scorer
+from syntrop.runtimed.protocol import KV_TYPES, Options
 from syntrop.runtimed.sampling import MAX_SEED, Params, StopScanner
 from syntrop.runtimed.sessions import common_prefix
+from syntrop.runtimed.worker.logprobs import Entry, Scorer
 
 if TYPE_CHECKING:
     from syntrop.runtimed.constrain import Constraint
-    from syntrop.runtimed.reasoning import Reasoning
-    from syntrop.runtimed.sinks import Window
-
-#: KV-cache element types (ggml type ids); the quantised ones need flash
-#: attention in llama.cpp.
-KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+    from syntrop.runtimed.worker.reasoning import Reasoning
+    from syntrop.runtimed.worker.sinks import Window
 
 
 class EngineError(Exception):
@@ -60,19 +57,6 @@ class Overflow(EngineError):
         super().__init__(f"{tokens} tokens, context {n_ctx}")
         self.tokens = tokens
         self.n_ctx = n_ctx
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
-    """How to create a context; every field maps to a llama.cpp parameter."""
-
-    n_ctx: int = 2048
-    n_batch: int = 512
-    n_threads: int = 0
-    n_gpu_layers: int = 0
-    flash_attn: bool = False
-    embedding: bool = False
-    kv_cache_type: str = "f16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +133,7 @@ class Output:
     def token(self, token: int, logits: Any = None) -> bool:
         """Take one generated token (with `scoring`, and the logits row it
         was sampled from); False when a stop string ended the text."""
-        from syntrop.runtimed.reasoning import ANSWER, THINKING
+        from syntrop.runtimed.worker.reasoning import ANSWER, THINKING
 
         self.count += 1
         if self._reasoning is not None and (kind := self._reasoning.feed(token)) != ANSWER:
@@ -389,7 +373,7 @@ class Engine:
         when the model has no single-token <think> and </think>."""
         import llama_cpp
 
-        from syntrop.runtimed.reasoning import Reasoning, markers
+        from syntrop.runtimed.worker.reasoning import Reasoning, markers
 
         start, end = markers(self._llama)
         vocab = self._llama._model.vocab
@@ -485,7 +469,7 @@ class Engine:
         """The raw logits row the token just yielded was sampled from: the
         generator evaluates it only when asked for the next one, and the
         logits processors rewrite llama.cpp's copy of the row, not this."""
-        from syntrop.runtimed.batch import logits
+        from syntrop.runtimed.worker.batch import logits
 
         return logits(self._llama._ctx.ctx, -1, int(self._llama.n_vocab()))
 
@@ -522,7 +506,7 @@ class Engine:
         """Generate after `tokens` speculatively (speculative.py): `drafter`
         proposes up to `draft_max` tokens a step and this model verifies them
         in one batch. The finish reason, tokens drafted and accepted."""
-        from syntrop.runtimed.speculative import Sampler, Speculator
+        from syntrop.runtimed.worker.speculative import Sampler, Speculator
 
         pace = pace or Pace("threads", self.max_threads)
         self.check_fits(len(tokens))
@@ -558,7 +542,7 @@ class Engine:
         fit). The weights are freed with the model."""
         from pathlib import Path
 
-        from syntrop.runtimed.lora import Adapter
+        from syntrop.runtimed.worker.lora import Adapter
 
         Adapter.load(self._llama, Path(f"/proc/self/fd/{fd}")).attach(self._llama, scale)
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syntrop.interfaces.runtime import InvalidModel
-from syntrop.runtimed.engine import Engine, LoadError, Options
+from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.sessions import common_prefix
+from syntrop.runtimed.worker.engine import Engine, LoadError
 
 #: Tokens an idle context must share with a prompt to be taken for it
 #: rather than a fresh one (below this, the reuse is a chat template's

@@ -64,7 +64,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from syntrop.runtimed import batch as lowlevel
+from syntrop.runtimed.worker import batch as lowlevel
 
 
 @dataclass(frozen=True, slots=True)

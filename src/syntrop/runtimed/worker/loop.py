@@ -1,6 +1,6 @@
 """An engine worker: one model's llama.cpp, in a process of its own.
 
-runtimed starts one worker per resident model (workers.py), the way a
+runtimed starts one worker per resident model (supervisor.py), the way a
 model server keeps its engine apart from its API: llama.cpp is native code
 run on files from outside, and a fault in it (SIGSEGV, SIGABRT, an OOM
 kill) must end only this model's work, never runtimed's Varlink face or
@@ -16,23 +16,23 @@ the other models. The worker
   `error` with a declared Runtime1 error (name and parameters) or, for
   anything undeclared, a message; `cancel` sets a stream's stop event.
 
-Environment (set by runtimed): SYNTROP_WORKER_FD, the worker's end of the
-socketpair; SYNTROP_WORKER, its settings (JSON: model, parent pid, layout,
-slots, threads, the pace board's descriptor and cell); SYNTROP_ENGINE, the
-CPU choice (cpu.Choice as JSON).
+Messages are protocol.py's. Environment (set by runtimed):
+SYNTROP_WORKER_FD, the worker's end of the socketpair; SYNTROP_WORKER, its
+settings (protocol.Settings as JSON); SYNTROP_ENGINE, the CPU choice
+(cpu.Choice as JSON).
 """
 
 import ctypes
-import json
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from syntrop.runtimed import protocol
 
 logger = logging.getLogger("syntrop.runtimed.worker")
 
@@ -47,7 +47,7 @@ THREADS = 64
 class WireSink:
     """A stream's pieces, sent to runtimed as they come."""
 
-    def __init__(self, send: Callable[[dict[str, Any]], None], rid: int,
+    def __init__(self, send: Callable[[protocol.Message], None], rid: int,
                  stop: threading.Event, received: float) -> None:
         self._send = send
         self.rid = rid
@@ -60,13 +60,8 @@ class WireSink:
 
     def _piece(self, event: str, text: str, tokens: int,
                logprobs: list[dict[str, Any]] | None) -> None:
-        message: dict[str, Any] = {"id": self.rid, "event": event, "text": text,
-                                   "tokens": tokens}
-        if logprobs is not None:
-            message["logprobs"] = logprobs
-        if self._first is not None:
-            message["first"], self._first = self._first, None
-        self._send(message)
+        first, self._first = self._first, None
+        self._send(protocol.Piece(self.rid, event, text, tokens, logprobs, first))
 
     def emit(self, text: str, tokens: int,
              logprobs: list[dict[str, Any]] | None = None) -> None:
@@ -96,12 +91,12 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main() -> None:
-    settings = json.loads(os.environ["SYNTROP_WORKER"])
-    _die_with_parent(int(settings["parent"]))
-    os.nice(int(settings.get("nice", 0)))  # residency.OTHERS_NICE: below triage
+    settings = protocol.Settings.from_json(os.environ["SYNTROP_WORKER"])
+    _die_with_parent(settings.parent)
+    os.nice(settings.nice)  # residency.OTHERS_NICE: below triage
     from syntrop.system import logging as syslog
 
-    syslog.setup(f"runtimed[{settings['model']}]")
+    syslog.setup(f"runtimed[{settings.model}]")
     from syntrop.runtimed.channel import Endpoint
 
     endpoint = Endpoint(socket.socket(fileno=int(os.environ["SYNTROP_WORKER_FD"])))
@@ -112,22 +107,21 @@ def main() -> None:
         cpu.ready(choice)
     except (OSError, ImportError) as error:
         logger.error("cannot start the engine: %s", error)
-        endpoint.send({"id": 0, "event": "fatal", "message": f"cannot start the engine: {error}"})
+        endpoint.send(protocol.encode(protocol.Fatal(f"cannot start the engine: {error}")))
         os._exit(EXIT_ENGINE)
-    from syntrop.runtimed.host import Host
     from syntrop.runtimed.layout import Board, Pace
+    from syntrop.runtimed.worker.host import Host
 
-    board = Board(int(settings["board"]), int(settings["cell"]))
-    pace = Pace(settings["layout"], int(settings["cpus"]), int(settings["instances"]), board)
-    host = Host(pace, layout=settings["layout"], slots=int(settings["slots"]),
-                n_threads=int(settings["cpus"]))
-    Worker(endpoint, host, choice).serve()
+    board = Board(settings.board, settings.cell)
+    pace = Pace(settings.layout, settings.cpus, settings.instances, board)
+    host = Host(pace, layout=settings.layout, slots=settings.slots, n_threads=settings.cpus)
+    Loop(endpoint, host, choice).serve()
     # Every context dies with the process; llama.cpp's destructors at
     # interpreter exit would only add a way to crash.
     os._exit(0)
 
 
-class Worker:
+class Loop:
     """Requests in, replies out; one thread per request."""
 
     def __init__(self, endpoint: Any, host: Any, choice: Any) -> None:
@@ -142,9 +136,9 @@ class Worker:
         # the hop from runtimed); runtimed's slots bound how many run.
         self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="call")
 
-    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def send(self, message: protocol.Message, fds: list[int] | None = None) -> None:
         try:
-            self.endpoint.send(message, fds or ())
+            self.endpoint.send(protocol.encode(message), fds or ())
         except OSError:  # runtimed is gone: so are we
             os._exit(0)
 
@@ -153,50 +147,46 @@ class Worker:
             received = self.endpoint.receive()
             if received is None:
                 return
-            message, fds = received
-            rid, op = int(message.get("id", 0)), str(message.get("op", ""))
-            if op == "cancel":
+            wire, fds = received
+            message = protocol.decode(wire)
+            if isinstance(message, protocol.Cancel):
                 with self._lock:
-                    stop = self.running.get(rid)
+                    stop = self.running.get(message.id)
                 if stop is not None:
                     stop.set()
                 continue
-            if op == "exit":
+            if isinstance(message, protocol.Exit):
                 return
+            if not isinstance(message, protocol.Request):
+                raise ValueError(f"not a request: {message!r}")
             stop = threading.Event()
             with self._lock:
-                self.running[rid] = stop
-            self._pool.submit(self.handle, rid, op, message.get("args") or {}, fds, stop,
+                self.running[message.id] = stop
+            self._pool.submit(self.handle, message.id, message.op, message.args, fds, stop,
                               time.monotonic())
 
     def handle(self, rid: int, op: str, args: dict[str, Any], fds: list[int],
                stop: threading.Event, received: float) -> None:
         from asyncvarlink import VarlinkErrorReply
 
-        from syntrop.runtimed.host import check_constraint
+        from syntrop.runtimed.worker.host import check_constraint
 
         sink = WireSink(self.send, rid, stop, received)
         try:
             result, out = self.dispatch(op, args, fds, sink)
         except VarlinkErrorReply as error:
-            self.send({"id": rid, "event": "error",
-                       "error": {"name": error.name, "parameters": error.paramstojson()}})
+            self.send(protocol.Failed(rid, error.name, error.paramstojson()))
         except Exception as error:
             declared = check_constraint(error)
             if declared is not None:
-                self.send({"id": rid, "event": "error",
-                           "error": {"name": declared.name,
-                                     "parameters": declared.paramstojson()}})
+                self.send(protocol.Failed(rid, declared.name, declared.paramstojson()))
             else:
                 logger.exception("%s failed", op)
-                self.send({"id": rid, "event": "error",
-                           "error": {"name": None, "message": f"{type(error).__name__}: {error}"}})
+                self.send(protocol.Failed(rid, None,
+                                          message=f"{type(error).__name__}: {error}"))
         else:
-            done: dict[str, Any] = {"id": rid, "event": "done", "result": result}
-            if (first := sink.times()) is not None:
-                done["first"] = first
             try:
-                self.send(done, out)
+                self.send(protocol.Done(rid, result, sink.times()), out)
             finally:
                 for fd in out:
                     os.close(fd)
@@ -241,10 +231,3 @@ class Worker:
         if op not in handlers:
             raise ValueError(f"unknown operation {op!r}")
         return handlers[op](), []
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
