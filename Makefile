@@ -87,6 +87,7 @@ demo: apt-deps $(STAMP)
 # Re-render interfaces/*.varlink from the contracts in src/syntrop/interfaces.
 idl: $(STAMP)
 	$(PY) -c 'import pathlib, syntrop.interfaces.catalog as i; [pathlib.Path("interfaces", c.name + ".varlink").write_text(c.render_interface_description()) for c in i.ALL]'
+	$(PY) -c 'import pathlib, syntrop.interfaces.catalog as i, syntrop.varlink.stubs as s; pathlib.Path("src/syntrop/interfaces/clients.py").write_text(s.render(i.ALL))'
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -92,7 +92,8 @@ def manifest() -> ContextManifest:
                            template_digest="", runtime_digest="", bos="add")
 
 
-async def through_varlink(address: str, direct: Direct, rounds: int) -> dict[str, float]:
+async def through_varlink(address: str, direct: Direct, rounds: int
+                          ) -> dict[str, float | list[float]]:
     sampling = Sampling(max_tokens=TOKENS, temperature=0.0, top_p=None, top_k=None, seed=1,
                         stop=None)
     async with await connect(Runtime1, address=address, timeout=300) as runtime:
@@ -109,7 +110,7 @@ async def through_varlink(address: str, direct: Direct, rounds: int) -> dict[str
             this_count = 0
             async for reply in runtime.Complete(model="smollm2", prompt=PROMPT,
                                                 sampling=sampling):
-                chunk = reply["chunk"] if isinstance(reply, dict) else reply
+                chunk = reply["chunk"]
                 if not this_first:
                     this_first = time.perf_counter() - start
                 this_count += chunk.tokens

@@ -10,9 +10,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from syntrop.interfaces.clients import Model1Client, Runtime1Client
 from syntrop.interfaces.model import Model1
 from syntrop.interfaces.runtime import ContextManifest, Runtime1, Sampling
-from syntrop.varlink.client import Client, connect
+from syntrop.varlink.client import connect
 from tests.models import SMOLLM2_SHA256, require_llama, smollm2
 from tests.support import activated
 
@@ -34,10 +35,10 @@ class Node:
     def run(self, main: Any) -> Any:
         return asyncio.run(main)
 
-    async def runtimed(self) -> Client:
+    async def runtimed(self) -> Runtime1Client:
         return await connect(Runtime1, address=self.runtime, timeout=60)
 
-    async def modeld(self) -> Client:
+    async def modeld(self) -> Model1Client:
         return await connect(Model1, address=self.model, timeout=60)
 
 

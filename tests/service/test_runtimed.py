@@ -448,11 +448,11 @@ def test_idle_model_is_unloaded_after_keep_alive(tmp_path: Path) -> None:
             opened = await runtime.OpenSession(owner_instance_id="o", model="smollm2",
                                                config=None)
             await asyncio.sleep(1.5)
-            (model,) = (await runtime.GetLoad())["models"]
+            (model,) = (await runtime.GetLoad())["models"] or []
             assert model.name == "smollm2" and model.sessions == 1 and model.busy == 0
             assert model.keep_alive_s is None
             await runtime.Close(session_id=opened["session_id"])
-            (model,) = (await runtime.GetLoad())["models"]
+            (model,) = (await runtime.GetLoad())["models"] or []
             assert model.keep_alive_s is not None and 0.5 < model.keep_alive_s <= 1.0
             for _ in range(100):
                 load = await runtime.GetLoad()

@@ -144,7 +144,7 @@ def test_a_client_going_away_frees_its_sequence(node: Node) -> None:
         async with await node.runtimed() as runtime:
             for _ in range(100):
                 load = await runtime.GetLoad()
-                tiny = next(m for m in load["models"] if m.name == "tiny")
+                tiny = next(m for m in load["models"] or [] if m.name == "tiny")
                 if tiny.batch_free == SLOTS and load["free_slots"] == SLOTS:
                     return load
                 await asyncio.sleep(0.05)

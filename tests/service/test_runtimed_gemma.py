@@ -48,7 +48,7 @@ def test_gemma3_completes_text_as_a_second_architecture(tmp_path: Path) -> None:
         stack.enter_context(activated("modeld", tmp_path))
         runtime = stack.enter_context(activated("runtimed", tmp_path))
 
-        async def main() -> tuple[str, str]:
+        async def main() -> tuple[str | None, str]:
             address = f"unix:{tmp_path / 'run' / Model1.name}"
             async with await connect(Model1, address=address, timeout=120) as modeld:
                 stored = await modeld.Register(name="gemma3", path=str(model), sha256=SHA256)

@@ -15,6 +15,7 @@ from asyncvarlink import VarlinkErrorReply
 
 from syntrop.interfaces.runtime import (
     Constraint,
+    ContextReport,
     InvalidSampling,
     NoPrefix,
     Sampling,
@@ -64,7 +65,7 @@ def rss_kib(pid: int) -> int:
 
 
 def test_a_session_streams_four_windows_with_memory_flat(node: Node) -> None:
-    async def main() -> tuple[list[Any], list[dict[str, Any]], list[int]]:
+    async def main() -> tuple[list[Any], list[ContextReport], list[int]]:
         async with await node.runtimed() as runtime:
             opened = await runtime.OpenSession(owner_instance_id="sinks", model="tiny",
                                                config=config())
@@ -72,6 +73,7 @@ def test_a_session_streams_four_windows_with_memory_flat(node: Node) -> None:
             # The session's KV cache lives in its model's engine worker.
             engine = await runtime.GetEngine()
             pid = next(w.pid for w in engine["workers"] if w.model == "tiny")
+            assert pid is not None
             reports, rss = [], [rss_kib(pid)]
             try:
                 await runtime.EnsurePrefix(session_id=sid, text=PREFIX,

@@ -12,7 +12,13 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Sentry1Client
+
+T = TypeVar("T")
 
 #: Seconds a call may take (a manual Triage is not made here: reads only).
 TIMEOUT = 30.0
@@ -35,7 +41,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def _call(method: str, **params: Any) -> Any:
+async def _call(method: "Callable[[Sentry1Client], Awaitable[T]]") -> T:
+    """`method(sentry)` on a new connection to systemd-sentry."""
     from asyncvarlink import VarlinkErrorReply
 
     from syntrop.interfaces.sentry import Sentry1
@@ -48,7 +55,7 @@ async def _call(method: str, **params: Any) -> Any:
                              f"{error.strerror or error}") from None
     try:
         async with client:
-            return _plain(await getattr(client, method)(**params))
+            return await method(client)
     except VarlinkErrorReply as error:
         name = error.name.rsplit(".", 1)[-1]
         raise IncidentsError(f"systemd-sentry answered {name} "
@@ -57,8 +64,10 @@ async def _call(method: str, **params: Any) -> Any:
         raise IncidentsError("lost the connection to systemd-sentry") from None
 
 
-def _unwrap(reply: Any, name: str) -> Any:
-    return reply[name] if isinstance(reply, dict) and name in reply else reply
+def _incidents(limit: int, unit: str | None = None) -> list[dict[str, Any]]:
+    """Sentry1.ListIncidents, as JSON-ready dicts."""
+    reply = asyncio.run(_call(lambda sentry: sentry.ListIncidents(limit=limit, unit=unit)))
+    return [_plain(incident) for incident in reply["incidents"]]
 
 
 def _when(usec: int) -> str:
@@ -149,7 +158,7 @@ def _full_id(given: str) -> str:
     prefix, made whole from the incidents sentry keeps; a full id as is."""
     if len(given) >= 32:
         return given
-    listed = _unwrap(asyncio.run(_call("ListIncidents", limit=1000)), "incidents")
+    listed = _incidents(1000)
     found = sorted({str(i["id"]) for i in listed if str(i["id"]).startswith(given)})
     if not found:
         raise IncidentsError(f"no incident id starts with {given!r} (syn incidents lists them)")
@@ -161,7 +170,9 @@ def _full_id(given: str) -> str:
 
 def cmd_incidents(args: argparse.Namespace) -> int:
     if args.id is not None:
-        incident = _unwrap(asyncio.run(_call("GetIncident", id=_full_id(args.id))), "incident")
+        full = _full_id(args.id)
+        incident = _plain(asyncio.run(_call(lambda sentry: sentry.GetIncident(id=full)))
+                          ["incident"])
         if args.json:
             print(json.dumps(incident))
         else:
@@ -169,8 +180,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         return 0
     if not 0 <= args.limit <= 1000:
         raise IncidentsError("--limit must be between 0 and 1000")
-    listed = _unwrap(asyncio.run(_call("ListIncidents", limit=args.limit, unit=args.unit)),
-                     "incidents")
+    listed = _incidents(args.limit, args.unit)
     if args.json:
         print(json.dumps(listed))
     else:

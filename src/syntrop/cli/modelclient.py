@@ -10,8 +10,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Model1Client
     from syntrop.interfaces.model import Model
-    from syntrop.varlink.client import Client
 
 
 class CliError(Exception):
@@ -47,39 +47,44 @@ def human(size: int | None) -> str:
 
 def describe(error: BaseException) -> str:
     """One line for a Varlink error from modeld."""
-    name = getattr(error, "name", "")
-    params: dict[str, Any] = getattr(error, "parameters", None) or {}
-    short = name.rsplit(".", 1)[-1]
-    match short:
-        case "InvalidIdentifier":
-            return (f"invalid model name {params.get('identifier')!r}: a name or tag must not be "
+    from asyncvarlink import VarlinkErrorReply
+    from asyncvarlink.serviceerrors import InvalidParameter, PermissionDenied
+
+    from syntrop.interfaces import model as m
+
+    match error:
+        case m.InvalidIdentifier():
+            return (f"invalid model name {error.p_identifier!r}: a name or tag must not be "
                     "empty, '.', '..', or contain '/', ':', spaces or control characters")
-        case "ModelNotFound":
-            return f"no model named {params.get('name')}"
-        case "DigestMismatch":
-            return (f"the bytes do not match their SHA-256 (expected {params.get('expected')}, "
-                    f"got {params.get('actual')}); nothing was stored")
-        case "StoreFull":
-            return (f"not enough space in the model store: {human(params.get('required'))} "
-                    f"needed, {human(params.get('available'))} free; nothing was written")
-        case "ModelInUse":
-            return f"{params.get('name')} is in use (a descriptor of it is open); not removed"
-        case "InvalidReference" | "PullFailed":
-            return f"{params.get('reference')}: {params.get('reason')}"
-        case "InvalidModel":
-            return f"not a model file: {params.get('reason')}"
-        case "NotAuthorized" | "PermissionDenied":
-            return (f"not authorized ({params.get('action', 'io.syntrop.model.manage')}): "
+        case m.ModelNotFound():
+            return f"no model named {error.p_name}"
+        case m.DigestMismatch():
+            return (f"the bytes do not match their SHA-256 (expected {error.p_expected}, "
+                    f"got {error.p_actual}); nothing was stored")
+        case m.StoreFull():
+            return (f"not enough space in the model store: {human(error.p_required)} "
+                    f"needed, {human(error.p_available)} free; nothing was written")
+        case m.ModelInUse():
+            return f"{error.p_name} is in use (a descriptor of it is open); not removed"
+        case m.InvalidReference() | m.PullFailed():
+            return f"{error.p_reference}: {error.p_reason}"
+        case m.InvalidModel():
+            return f"not a model file: {error.p_reason}"
+        case m.NotAuthorized() | PermissionDenied():
+            action = error.parameters.get("action", "io.syntrop.model.manage")
+            return (f"not authorized ({action}): "
                     "run it as root, or as a member of the syntrop group")
-        case "InvalidParameter":
-            return f"modeld refused the parameter {params.get('parameter')!r}"
-        case "InternalError":
-            return (f"modeld failed in {params.get('method')} in a way it did not foresee; "
-                    "its journal says why")
-    return f"modeld answered {name or type(error).__name__}"
+        case InvalidParameter():
+            return f"modeld refused the parameter {error.p_parameter!r}"
+        case VarlinkErrorReply() if error.name == f"{m.NAME}.InternalError":
+            return (f"modeld failed in {error.paramstojson().get('method')} in a way it did "
+                    "not foresee; its journal says why")
+        case VarlinkErrorReply():
+            return f"modeld answered {error.name}"
+    return f"modeld answered {type(error).__name__}"
 
 
-async def connect_modeld(timeout: float = 45.0) -> "Client":
+async def connect_modeld(timeout: float = 45.0) -> "Model1Client":
     from syntrop.interfaces.model import Model1
     from syntrop.varlink.client import address_of, connect
 

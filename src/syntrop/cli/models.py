@@ -10,8 +10,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from syntrop.cli.modelclient import (
     IMPORT_TIMEOUT,
@@ -26,7 +26,14 @@ from syntrop.cli.modelclient import (
 from syntrop.cli.pulling import cmd_pull
 
 if TYPE_CHECKING:
-    from syntrop.interfaces.model import Model
+    from syntrop.interfaces.clients import Model1Client
+    from syntrop.interfaces.model import Model, PruneResult
+
+
+class NameCall(Protocol):
+    """Model1.Remove, Pin or Unpin."""
+
+    def __call__(self, *, name: str) -> Awaitable[Mapping[str, object]]: ...
 
 
 # list / show / rm / pin / unpin / prune ------------------------------------------
@@ -35,9 +42,7 @@ if TYPE_CHECKING:
 def cmd_list(args: argparse.Namespace) -> int:
     async def go() -> list["Model"]:
         async with await connect_modeld() as model1:
-            reply = await model1.List()
-            models: list[Model] = reply["models"]
-            return models
+            return (await model1.List())["models"]
 
     models = run(go())
     if args.json:
@@ -60,9 +65,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     async def go() -> "Model":
         async with await connect_modeld() as model1:
-            reply = await model1.Show(name=args.name)
-            model: Model = reply["model"]
-            return model
+            return (await model1.Show(name=args.name))["model"]
 
     model = run(go())
     if args.json:
@@ -72,13 +75,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _each(args: argparse.Namespace, method: str, verb: str) -> int:
+def _each(args: argparse.Namespace, method: "Callable[[Model1Client], NameCall]",
+          verb: str) -> int:
     """Remove, Pin or Unpin each name in turn; stop at the first failure."""
 
     async def go() -> None:
         async with await connect_modeld() as model1:
             for name in args.names:
-                await getattr(model1, method)(name=name)
+                await method(model1)(name=name)
                 if not args.json:
                     print(f"{verb} {name}")
 
@@ -99,23 +103,21 @@ def cmd_rm(args: argparse.Namespace) -> int:
         if found := run(pinned()):
             raise CliError(f"{', '.join(found)} {'is' if len(found) == 1 else 'are'} pinned: "
                            "nothing removed (syn unpin it first, or syn rm --force)")
-    return _each(args, "Remove", "removed")
+    return _each(args, lambda model1: model1.Remove, "removed")
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    return _each(args, "Pin", "pinned")
+    return _each(args, lambda model1: model1.Pin, "pinned")
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    return _each(args, "Unpin", "unpinned")
+    return _each(args, lambda model1: model1.Unpin, "unpinned")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    async def go() -> dict[str, Any]:
+    async def go() -> "PruneResult":
         async with await connect_modeld(timeout=IMPORT_TIMEOUT) as model1:
-            result: dict[str, Any] = await model1.Prune(budget_bytes=args.budget,
-                                                        dry_run=args.dry_run or None)
-            return result
+            return await model1.Prune(budget_bytes=args.budget, dry_run=args.dry_run or None)
 
     result = run(go())
     if args.json:

@@ -196,7 +196,7 @@ async def _register_local(path: str, args: argparse.Namespace) -> "Model":
                 sha256=args.sha256, pin=True if args.pin else None,
                 source=os.path.abspath(path),
             )
-            model: Model = reply["model"]
+            model = reply["model"]
     finally:
         os.close(fd)
     return model
@@ -205,9 +205,7 @@ async def _register_local(path: str, args: argparse.Namespace) -> "Model":
 async def _pin_model(name: str) -> "Model":
     async with await connect_modeld() as model1:
         await model1.Pin(name=name)
-        reply = await model1.Show(name=name)
-        model: Model = reply["model"]
-        return model
+        return (await model1.Show(name=name))["model"]
 
 
 def _default_name(text: str) -> str:
@@ -421,5 +419,4 @@ async def _transfer(args: argparse.Namespace, artifact: "Artifact", sha256: str,
         if cause is not None:
             raise cause
         raise _Retry("modeld ended the pull without a model")
-    result: Model = model
-    return result
+    return model

@@ -12,18 +12,33 @@
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Router1Client
+    from syntrop.interfaces.router import (
+        Candidate,
+        ModelsResult,
+        Provider,
+        RouteMessage,
+        StatusResult,
+    )
+
+T = TypeVar("T")
 
 MIB = 1024 * 1024
 
 
-async def _call(method: str, *, timeout: float | None = None, **params: Any) -> Any:
+async def _call(method: "Callable[[Router1Client], Awaitable[T]]", *,
+                timeout: float | None = None) -> T:
+    """`method(router)` on a new connection to routerd."""
     from syntrop.interfaces.router import Router1
     from syntrop.varlink.client import DEFAULT_TIMEOUT, connect
 
     async with await connect(Router1, timeout=timeout or DEFAULT_TIMEOUT) as router:
-        return await getattr(router, method)(**params)
+        return await method(router)
 
 
 def _uptime(usec: int) -> str:
@@ -34,12 +49,12 @@ def _uptime(usec: int) -> str:
     return f"{minutes}m {usec // 1_000_000 % 60}s"
 
 
-def format_status(status: dict[str, Any], varlink: str,
+def format_status(status: "StatusResult", varlink: str,
                   healthy: list[str] | None = None) -> str:
     some = status["memory_some"]
     names = f" ({', '.join(healthy)})" if healthy else ""
-    failed = status.get("ingress_failed") or []
-    fleet = status.get("fleet", "off")
+    failed = status["ingress_failed"]
+    fleet = status["fleet"]
     state = "DEGRADED" if failed or not status["ingress"] or fleet == "degraded" \
         else "OPERATIONAL"
     return "\n".join([
@@ -47,7 +62,7 @@ def format_status(status: dict[str, Any], varlink: str,
         f"Status: {state} (Uptime: {_uptime(status['uptime_usec'])})",
         f"Wire Ingress: {', '.join(status['ingress']) or 'none'}",
         *([f"Ingress Failed: {'; '.join(failed)}"] if failed else []),
-        *([f"Fleet: {fleet} ({', '.join(status.get('fleet_members') or []) or 'no other node'})"]
+        *([f"Fleet: {fleet} ({', '.join(status['fleet_members']) or 'no other node'})"]
           if fleet != "off" else []),
         f"Varlink IPC: {varlink}",
         f"Memory RSS: {status['rss_bytes'] / MIB:.2f} MiB (MemoryHigh: 24M, MemoryMax: 32M)",
@@ -59,7 +74,7 @@ def format_status(status: dict[str, Any], varlink: str,
     ])
 
 
-def format_providers(providers: list[Any]) -> str:
+def format_providers(providers: "list[Provider]") -> str:
     rows = [("PROVIDER ID", "KIND", "TIER", "STATUS", "WEIGHT", "LATENCY", "MODELS")]
     for p in providers:
         latency = "-" if p.latency_ms is None else f"{p.latency_ms:.1f}ms"
@@ -70,7 +85,7 @@ def format_providers(providers: list[Any]) -> str:
                      + " " + row[6] for row in rows)
 
 
-def format_models(models: dict[str, Any]) -> str:
+def format_models(models: "ModelsResult") -> str:
     lines = ["Connected Model", *models["models"],
              "Only connected provider models are listed. Routing aliases",
              f"({', '.join(models['aliases'])})",
@@ -80,7 +95,7 @@ def format_models(models: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_route(candidates: list[Any], explain: bool) -> str:
+def format_route(candidates: "list[Candidate]", explain: bool) -> str:
     if not explain:
         best = candidates[0]
         return f"{best.provider} / {best.model}"
@@ -89,16 +104,14 @@ def format_route(candidates: list[Any], explain: bool) -> str:
         lines.append(f"{index}. {c.provider} / {c.model} [SCORE: {c.score:.1f}] "
                      f"Speed: {c.speed:.1f} Cost: {c.cost:.1f} Cap: {c.capability:.1f}"
                      + (" (Selected)" if c.selected else "")
-                     + (" (Cooling)" if getattr(c, "cooling", False) else "")
-                     + (" (Throttled: local under pressure)" if getattr(c, "throttled", False)
-                        else "")
-                     + (f" (Prefix resident: {c.prefix_chars} chars)"
-                        if getattr(c, "prefix_chars", None) else "")
-                     + (" (KV cache full)" if getattr(c, "cache_full", False) else ""))
+                     + (" (Cooling)" if c.cooling else "")
+                     + (" (Throttled: local under pressure)" if c.throttled else "")
+                     + (f" (Prefix resident: {c.prefix_chars} chars)" if c.prefix_chars else "")
+                     + (" (KV cache full)" if c.cache_full else ""))
     return "\n".join(lines)
 
 
-def _messages(source: str) -> list[Any]:
+def _messages(source: str) -> "list[RouteMessage]":
     """The messages of a chat request's JSON (or a list of messages) in
     `source`, a file or - for stdin; exits with a message when they are
     not that."""
@@ -145,30 +158,32 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if args.command == "status":
-            status = asyncio.run(_call("GetStatus"))
-            providers = asyncio.run(_call("ListProviders"))["providers"]
+            status = asyncio.run(_call(lambda router: router.GetStatus()))
+            providers = asyncio.run(_call(lambda router: router.ListProviders()))["providers"]
             print(format_status(status, str(paths().socket(NAME)),
                                 [p.id for p in providers if p.status != "cooling"]))
         elif args.command == "providers":
-            print(format_providers(asyncio.run(_call("ListProviders"))["providers"]))
+            listed = asyncio.run(_call(lambda router: router.ListProviders()))
+            print(format_providers(listed["providers"]))
         elif args.command == "test":
             print(f"[TEST] Probing provider '{args.provider}'...")
             # A real probe: runtimed may load the model first.
-            result = asyncio.run(_call("TestProvider", timeout=90.0, provider=args.provider))
+            result = asyncio.run(_call(lambda router: router.TestProvider(provider=args.provider),
+                                       timeout=90.0))
             mark = "OK" if result["ok"] else "FAIL"
             print(f"[{mark}] {result['detail']} in {result['latency_ms']:.1f}ms.")
             if not result["ok"]:
                 sys.exit(1)
         elif args.command == "models":
-            print(format_models(asyncio.run(_call("ListModels"))))
+            print(format_models(asyncio.run(_call(lambda router: router.ListModels()))))
         elif args.command == "route":
             messages = None if args.messages is None else _messages(args.messages)
-            candidates = asyncio.run(_call("Route", model=args.model,
-                                           prompt_tokens=args.prompt_tokens,
-                                           messages=messages))["candidates"]
+            candidates = asyncio.run(_call(lambda router: router.Route(
+                model=args.model, prompt_tokens=args.prompt_tokens, messages=messages
+            )))["candidates"]
             print(format_route(candidates, args.explain))
         else:
-            asyncio.run(_call("Reload"))
+            asyncio.run(_call(lambda router: router.Reload()))
             print("routerd reloaded its configuration.")
     except VarlinkErrorReply as error:
         detail = ", ".join(f"{k}: {v}" for k, v in error.paramstojson().items())

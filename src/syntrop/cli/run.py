@@ -15,7 +15,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from syntrop.varlink.client import Client
+    from syntrop.interfaces.clients import Runtime1Client
+    from syntrop.interfaces.runtime import ChatMessage, Sampling
 
 #: Seconds a stream may go without a reply (a model load included).
 STREAM_TIMEOUT = 300.0
@@ -27,7 +28,7 @@ class RunError(Exception):
     """A failure to report in one line."""
 
 
-async def _connect() -> "Client":
+async def _connect() -> "Runtime1Client":
     from syntrop.interfaces.runtime import Runtime1
     from syntrop.varlink.client import address_of, connect
 
@@ -56,10 +57,11 @@ def _guard(coroutine: Any) -> int:
         raise RunError("lost the connection to runtimed") from None
 
 
-async def _answer(client: "Client", model: str, messages: list[Any], sampling: Any) -> str:
+async def _answer(client: "Runtime1Client", model: str, messages: "list[ChatMessage]",
+                  sampling: "Sampling") -> str:
     text = ""
     async for reply in client.Chat(model=model, messages=messages, sampling=sampling):
-        chunk = reply["chunk"] if isinstance(reply, dict) else reply
+        chunk = reply["chunk"]
         text += chunk.text
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
@@ -101,9 +103,9 @@ async def _ps(args: argparse.Namespace) -> int:
     print(f"slots: {load['total_slots'] - load['free_slots']} of {load['total_slots']} in use, "
           f"{load['queue_depth']} waiting")
     print(f"resident: {load['resident_bytes'] / 2**20:.1f} MiB"
-          + (f", {load['spilled_sessions']} sessions spilled" if load.get("spilled_sessions")
+          + (f", {load['spilled_sessions']} sessions spilled" if load["spilled_sessions"]
              else ""))
-    models = load.get("models")
+    models = load["models"]
     if models is None:  # an older runtimed: names only
         for name in load["loaded_models"]:
             print(f"  {name}")

@@ -107,19 +107,18 @@ def _default_model(run: Path) -> None:
 
 
 async def _register(run: Path, model: "Packaged") -> str:
-    from asyncvarlink import FileDescriptor, VarlinkErrorReply
+    from asyncvarlink import FileDescriptor
 
     from syntrop import packaged
-    from syntrop.interfaces.model import Model1
+    from syntrop.interfaces.model import Model1, ModelNotFound
     from syntrop.varlink.client import connect
 
     async with await connect(Model1, address=run / Model1.name, timeout=120) as modeld:
         try:
             shown = (await modeld.Show(name=model.name))["model"]
             return f"{model.name} (already in modeld{', pinned' if shown.pinned else ''})"
-        except VarlinkErrorReply as error:
-            if not error.name.endswith("ModelNotFound"):
-                raise
+        except ModelNotFound:
+            pass
         path = packaged.locate(model)
         assert path is not None  # installed: checked by the caller
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -132,17 +132,6 @@ class Evidence:
     journal: list[str]
 
 
-def _get(value: Any, name: str) -> Any:
-    if isinstance(value, dict):
-        return value.get(name)
-    return getattr(value, name, None)
-
-
-def tool_names(tools: list[Any]) -> list[str]:
-    """The names in Tool1.ListTools' answer (records or dicts)."""
-    return [str(_get(tool, "name")) for tool in tools]
-
-
 def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 

@@ -10,13 +10,16 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.packaged import QWEN_CODER_05B
 from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import KNOWN_TOOLS, Executed, Facts, Phases, StepRecord
 from syntrop.sentry.warm import WarmSession
 from syntrop.system.systemd import Systemd
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.runtime import Sampling
 
 CALL_TIMEOUT = 45.0
 #: The triage model when sentry.toml names none: the most right answers
@@ -28,17 +31,6 @@ SECOND = 1_000_000
 #: Bytes sentry leases for the model's decision (a small model's KV and
 #: scratch; the weights are runtimed's).
 LEASE_BYTES = 64 * 1024 * 1024
-
-
-def _field(value: Any, name: str) -> Any:
-    """A reply's field: replies are dicts, records are dataclasses."""
-    if isinstance(value, dict):
-        return value.get(name)
-    return getattr(value, name, None)
-
-
-def _unwrap(reply: Any, name: str) -> Any:
-    return reply[name] if isinstance(reply, dict) and name in reply else reply
 
 
 class Live:
@@ -134,20 +126,18 @@ class Live:
             reply = await context.GetUnitContext(unit=unit, failure_usec=failure_usec,
                                                  window_usec=self.window_usec)
         changes = [
-            Change(kind=str(_field(e, "kind")), timestamp_usec=int(_field(e, "timestamp_usec")),
-                   path=_field(e, "path"), unit=_field(e, "unit"), action=_field(e, "action"),
-                   package=_field(e, "package"), summary=str(_field(e, "summary") or ""))
-            for e in _field(reply, "events") or []]
-        journal = [str(_field(line, "message")) for line in _field(reply, "journal") or []]
-        return changes, journal, int(_field(reply, "failure_usec") or failure_usec)
+            Change(kind=e.kind, timestamp_usec=e.timestamp_usec, path=e.path, unit=e.unit,
+                   action=e.action, package=e.package, summary=e.summary)
+            for e in reply["events"]]
+        journal = [line.message for line in reply["journal"]]
+        return changes, journal, reply["failure_usec"] or failure_usec
 
     async def _tools(self) -> list[str]:
         from syntrop.interfaces.tool import Tool1
-        from syntrop.sentry import decide
         from syntrop.varlink.client import connect
 
         async with await connect(Tool1, timeout=CALL_TIMEOUT) as tool:
-            return decide.tool_names(_unwrap(await tool.ListTools(), "tools"))
+            return [info.name for info in (await tool.ListTools())["tools"]]
 
     async def unit_facts(self, unit: str) -> UnitFacts:
         """What systemd says of the unit (findings.UnitFacts)."""
@@ -219,9 +209,8 @@ class Live:
                   for a in await asyncio.to_thread(sysfs.accelerators, self.sysfs_root)}
         async with await connect(Inference1, timeout=CALL_TIMEOUT) as inference:
             topology = await inference.GetTopology()
-            planes = [gang.Plane(id=str(_field(p, "id")),
-                                 chain=chains.get(str(_field(p, "id")), ()))
-                      for p in _field(topology, "planes") or []]
+            planes = [gang.Plane(id=p.id, chain=chains.get(p.id, ()))
+                      for p in topology["planes"]]
             verdict = gang.judge(faults, planes)
             for plane, why in sorted(verdict.quarantine.items()):
                 await inference.Quarantine(plane=plane, reason=f"sentry: {why}"[:500])
@@ -236,13 +225,12 @@ class Live:
             # exclusive freezes the Batch and Interactive workers there
             # while the triage model answers in its own lane.
             topology = await inference.GetTopology()
-            cpu = next((str(_field(p, "id")) for p in _field(topology, "planes") or []
-                        if _field(p, "kind") == "cpu"), None)
+            cpu = next((p.id for p in topology["planes"] if p.kind == "cpu"), None)
             # The warm session lives in the triage lane's worker too.
             reply = await inference.AcquireLease(
                 priority="EmergencyTriage", memory_bytes=LEASE_BYTES, plane=cpu,
                 unit=None, pid=os.getpid(), exclusive=True)
-        return str(_field(reply, "lease_id"))
+        return reply["lease_id"]
 
     async def release(self, lease_id: str) -> None:
         from syntrop.interfaces.inference import Inference1
@@ -281,7 +269,7 @@ class Live:
                                                f"{offer}; {timing})")
 
     @staticmethod
-    def _sampling() -> Any:
+    def _sampling() -> "Sampling":
         from syntrop.interfaces.runtime import Sampling
         from syntrop.sentry import decide
 
@@ -331,9 +319,8 @@ class Live:
                     constraint=Constraint(json_schema=json.dumps(schema)),
                     messages=[ChatMessage(role=role, content=content)
                               for role, content in messages]):
-                chunk = _unwrap(reply, "chunk")
-                text += str(_field(chunk, "text") or "")
-                tokens += int(_field(chunk, "tokens") or 0)
+                text += reply["chunk"].text
+                tokens += reply["chunk"].tokens
                 self._partial = (text, tokens, self._partial[2])
         return text, tokens
 
@@ -345,21 +332,20 @@ class Live:
     async def _model(self) -> tuple[str, str]:
         """The triage model (triage_model) and its weights' digest as modeld
         lists it ("" when not known)."""
-        from syntrop.interfaces.model import Model1
+        from syntrop.interfaces.model import Model, Model1
         from syntrop.varlink.client import connect
 
         try:
             async with await connect(Model1, timeout=CALL_TIMEOUT) as modeld:
-                models = _unwrap(await modeld.List(), "models")
+                models = (await modeld.List())["models"]
         except Exception:  # modeld unreachable: the default, and runtimed says the rest
             return self.model, ""
 
-        def name(m: Any) -> str:
-            tag = _field(m, "tag")
-            return str(_field(m, "name")) + ("" if tag in (None, "latest") else f":{tag}")
+        def name(m: Model) -> str:
+            return m.name + ("" if m.tag == "latest" else f":{m.tag}")
 
-        digests = {name(m): str(_field(m, "digest") or "") for m in models or []}
-        pinned = sorted(name(m) for m in models or [] if _field(m, "pinned"))
+        digests = {name(m): m.digest for m in models}
+        pinned = sorted(name(m) for m in models if m.pinned)
         chosen = self.model
         if self.model_pinned:  # none configured: the triage model, else the first pinned
             chosen = TRIAGE_MODEL if TRIAGE_MODEL in digests else (pinned or [chosen])[0]
@@ -381,14 +367,10 @@ class Live:
                     for step in plan.steps])
         except VarlinkErrorReply as error:
             return refused(plan, error.name, error.paramstojson() or {})
-        results = _field(reply, "steps") or []
         steps = [StepRecord(tool=step.tool, parameters=dict(step.parameters),
-                            outcome=str(_field(result, "outcome")),
-                            message=str(_field(result, "error") or _field(result, "message")
-                                        or ""))
-                 for step, result in zip(plan.steps, results, strict=False)]
-        return Executed(outcome=str(_field(reply, "outcome")),
-                        message=str(_field(reply, "message") or ""), steps=steps)
+                            outcome=result.outcome, message=result.error or result.message)
+                 for step, result in zip(plan.steps, reply["steps"], strict=False)]
+        return Executed(outcome=reply["outcome"], message=reply["message"], steps=steps)
 
     async def still_failed(self, unit: str) -> bool:
         if self.systemd is None:

@@ -27,7 +27,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Runtime1Client
+    from syntrop.interfaces.runtime import Constraint, PrefixStatus, Sampling
 
 T = TypeVar("T")
 
@@ -107,7 +111,7 @@ class WarmSession:
         #: Sessions opened so far (1 at start; more after reopening).
         self.opened = 0
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> "Runtime1Client":
         from syntrop.interfaces.runtime import Runtime1
         from syntrop.varlink.client import connect
 
@@ -151,7 +155,7 @@ class WarmSession:
             # exclusive lease, never spilled, and at a higher CPU weight.
             reply = await runtime.OpenSession(owner_instance_id=self.owner, model=model,
                                               config=config, priority="EmergencyTriage")
-            session_id = str(_get(reply, "session_id"))
+            session_id = reply["session_id"]
             try:
                 status = await runtime.EnsurePrefix(session_id=session_id, text=text,
                                                     manifest=manifest)
@@ -161,8 +165,8 @@ class WarmSession:
                 raise
         self.opened += 1
         opened = Opened(session_id=session_id, model=model, text=text, manifest=manifest,
-                        prefix_tokens=int(_get(status, "prefix_tokens")),
-                        reused_tokens=int(_get(status, "reused_tokens")))
+                        prefix_tokens=status["prefix_tokens"],
+                        reused_tokens=status["reused_tokens"])
         logger.info("triage session %s… on %s: %d prefix tokens", session_id[:8], model,
                     opened.prefix_tokens)
         return opened
@@ -187,11 +191,11 @@ class WarmSession:
         session runtimed spilled), before an incident's budget starts. A
         session found gone is reopened once. Returns it, and the tokens
         reused and prefilled."""
-        async def ensure(opened: Opened, _: bool) -> tuple[Opened, Any]:
+        async def ensure(opened: Opened, _: bool) -> tuple[Opened, "PrefixStatus"]:
             return opened, await self._ensure(opened)
 
         opened, status = await self._in_session(ensure)
-        return opened, int(_get(status, "reused_tokens")), int(_get(status, "prefilled_tokens"))
+        return opened, status["reused_tokens"], status["prefilled_tokens"]
 
     async def _in_session(self, use: Callable[[Opened, bool], Awaitable[T]]) -> T:
         """`use(session, reopened)`, one call at a time in the one session;
@@ -208,12 +212,13 @@ class WarmSession:
                 self._lost(opened)
             return await use(await self.ready(), True)
 
-    async def _ensure(self, opened: Opened) -> Any:
+    async def _ensure(self, opened: Opened) -> "PrefixStatus":
         async with await self._connect() as runtime:
             return await runtime.EnsurePrefix(session_id=opened.session_id, text=opened.text,
                                               manifest=opened.manifest)
 
-    async def answer(self, suffix: str, sampling: Any, constraint: Any,
+    async def answer(self, suffix: str, sampling: "Sampling | None",
+                     constraint: "Constraint | None",
                      on_chunk: Callable[[str, int], None]) -> Answer:
         """Prefill the incident's turn after the prefix and decode the
         answer; `on_chunk(text so far, tokens so far)` as it comes. A
@@ -221,7 +226,8 @@ class WarmSession:
         return await self._in_session(lambda opened, reopened: self._answer(
             opened, suffix, sampling, constraint, on_chunk, reopened=reopened))
 
-    async def _answer(self, opened: Opened, suffix: str, sampling: Any, constraint: Any,
+    async def _answer(self, opened: Opened, suffix: str, sampling: "Sampling | None",
+                      constraint: "Constraint | None",
                       on_chunk: Callable[[str, int], None], *, reopened: bool) -> Answer:
         text, tokens = "", 0
         async with await self._connect() as runtime:
@@ -231,13 +237,12 @@ class WarmSession:
             prefilled = time.monotonic()
             async for reply in runtime.Decode(session_id=opened.session_id,
                                               sampling=sampling, constraint=constraint):
-                chunk = reply.get("chunk", reply) if isinstance(reply, dict) else reply
-                text += str(_get(chunk, "text") or "")
-                tokens += int(_get(chunk, "tokens") or 0)
+                text += reply["chunk"].text
+                tokens += reply["chunk"].tokens
                 on_chunk(text, tokens)
         return Answer(text=text, tokens=tokens,
-                      prefix_tokens=int(_get(status, "prefix_tokens")),
-                      suffix_tokens=int(_get(status, "suffix_tokens")), reopened=reopened,
+                      prefix_tokens=status["prefix_tokens"],
+                      suffix_tokens=status["suffix_tokens"], reopened=reopened,
                       prefill_s=prefilled - started, decode_s=time.monotonic() - prefilled)
 
     def _lost(self, opened: Opened) -> None:
@@ -253,7 +258,7 @@ class WarmSession:
         """Hold a connection to runtimed (it does not exit on idle while
         one is open) and look at the session every HEARTBEAT seconds."""
         retry = RETRY_MIN
-        runtime: Any = None
+        runtime: Runtime1Client | None = None
         try:
             while True:
                 opened: Opened | None = None
@@ -305,12 +310,6 @@ class WarmSession:
     async def _close(self, session_id: str) -> None:
         async with await self._connect() as runtime:
             await runtime.Close(session_id=session_id)
-
-
-def _get(value: Any, name: str) -> Any:
-    if isinstance(value, dict):
-        return value.get(name)
-    return getattr(value, name, None)
 
 
 def _failed(task: "asyncio.Task[Any]") -> bool:

@@ -117,7 +117,6 @@ class Context:
         try:
             async with await connect(Context1, address=self.config.context_socket,
                                      timeout=5) as client:
-                # replies are one-field objects: {"events": [...]}, {"event": ...}
                 events = (await client.ListEvents(kind="dropin", limit=1000))["events"]
                 mine = [e for e in events if (e.path or "").startswith(prefix)
                         and "/" not in (e.path or "")[len(prefix):]]
@@ -132,7 +131,7 @@ class Context:
         except (OSError, TimeoutError) as error:
             logger.info("contextd not asked (%s); using toold's snapshots", error)
             return None
-        except Exception as error:  # a Varlink error reply, or an answer of another shape
+        except Exception as error:  # a Varlink error reply (an older contextd's among them)
             logger.warning("contextd answered %r; using toold's snapshots", error)
             return None
         return changes

@@ -7,7 +7,8 @@ def test_status_like_the_seed() -> None:
                           "ingress": ["127.0.0.1:32768", "unix:/run/syntrop/router.sock"],
                           "rss_bytes": int(9.12 * 1024 * 1024), "memory_some": 0.0,
                           "providers_total": 3, "providers_healthy": 3,
-                          "requests_total": 428, "routing_errors": 0},
+                          "requests_total": 428, "routing_errors": 0, "ingress_failed": [],
+                          "fleet": "off", "fleet_members": []},
                          "/run/syntrop/io.syntrop.Router1",
                          ["runtimed-local", "lan-runtimed", "local-vllm"])
     assert "Status: OPERATIONAL (Uptime: 2h 14m)" in text

@@ -120,11 +120,6 @@ def test_plans_of_the_same_tools_get_distinct_names() -> None:
         assert decide.parse(json.dumps(name), offered) is plan
 
 
-def test_tool_names_from_list_tools() -> None:
-    assert decide.tool_names([{"name": "unit_restart"}, {"name": "clear_cache"}]) == [
-        "unit_restart", "clear_cache"]
-
-
 def test_the_prefix_is_the_same_for_every_offer_and_the_suffix_is_the_incident() -> None:
     prefix = decide.prefix_messages()
     assert prefix == decide.prefix_messages()

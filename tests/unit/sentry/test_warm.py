@@ -10,7 +10,7 @@ import pytest
 from asyncvarlink import VarlinkErrorReply
 
 from syntrop.config import ConfigError
-from syntrop.interfaces.runtime import Busy, SessionLost, SessionNotFound, StaleOwner
+from syntrop.interfaces.runtime import Busy, Chunk, SessionLost, SessionNotFound, StaleOwner
 from syntrop.sentry import decide
 from syntrop.sentry.config import parse
 from syntrop.sentry.findings import Plan, Step
@@ -94,8 +94,8 @@ class FakeClient:
         return {"prefix_tokens": 100, "suffix_tokens": 7}
 
     async def Decode(self, **_: Any) -> AsyncIterator[dict[str, Any]]:
-        yield {"chunk": {"text": '{"plan":', "tokens": 2}}
-        yield {"chunk": {"text": '"nothing"}', "tokens": 3}}
+        yield {"chunk": Chunk(text='{"plan":', tokens=2, finish_reason=None)}
+        yield {"chunk": Chunk(text='"nothing"}', tokens=3, finish_reason="stop")}
 
     async def Close(self, *, session_id: str) -> None:
         self.runtime.closed.append(session_id)
@@ -110,7 +110,7 @@ def warm(runtime: FakeRuntime) -> WarmSession:
     async def connect() -> FakeClient:
         return runtime.client()
 
-    session._connect = connect  # type: ignore[method-assign]
+    session._connect = connect  # type: ignore[method-assign, assignment]  # a fake Runtime1
     return session
 
 

@@ -9,12 +9,16 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.config import Paths
 from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers.base import ProviderError
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Runtime1Client
+    from syntrop.interfaces.runtime import Chunk, Constraint, LoadResult, Sampling, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ def _reasoning_budget(body: dict[str, Any]) -> int | None:
     return EFFORT_BUDGETS[effort]
 
 
-def _sampling(endpoint: str, body: dict[str, Any]) -> Any:
+def _sampling(endpoint: str, body: dict[str, Any]) -> "Sampling":
     from syntrop.interfaces.runtime import Sampling
 
     stop = body.get("stop")
@@ -138,7 +142,7 @@ def _plan(endpoint: str, body: dict[str, Any]) -> "tools.Plan | None":
         raise ProviderError(400, str(bad), retryable=False) from None
 
 
-def _constraint(body: dict[str, Any], plan: "tools.Plan | None") -> Any:
+def _constraint(body: dict[str, Any], plan: "tools.Plan | None") -> "Constraint | None":
     """runtimed's constraint: the tools' reply schema, else response_format's."""
     from syntrop.interfaces.runtime import Constraint
 
@@ -171,25 +175,29 @@ def _failed(error: Exception) -> ProviderError:
     retry elsewhere), a timeout 504, an engine refused after crashing too
     often 503, anything else 502; engine crashes in words."""
     from asyncvarlink import VarlinkErrorReply
+    from asyncvarlink.serviceerrors import InvalidParameter
 
-    from syntrop.interfaces.runtime import in_words
+    from syntrop.interfaces.runtime import (
+        EngineCrashed,
+        EngineFailing,
+        InvalidConstraint,
+        InvalidSampling,
+        in_words,
+    )
     from syntrop.varlink.client import CallTimeout
 
+    if isinstance(error, InvalidSampling) and error.p_parameter == "reasoning_budget":
+        return ProviderError(400, f"reasoning_effort: this model does not think "
+                                  f"({error.p_reason})", retryable=False)
+    if isinstance(error, InvalidParameter | InvalidSampling | InvalidConstraint):
+        named = (error.p_parameter if isinstance(error, InvalidParameter | InvalidSampling)
+                 else error.p_message)
+        return ProviderError(400, f"runtimed refused the request: {named} "
+                                  f"({type(error).__name__})", retryable=False)
+    if isinstance(error, EngineCrashed | EngineFailing):
+        words = in_words(error.name, error.parameters) or f"runtimed answered {error.name}"
+        return ProviderError(503 if isinstance(error, EngineFailing) else 502, words)
     if isinstance(error, VarlinkErrorReply):
-        params = error.paramstojson() or {}
-        if error.name.endswith("InvalidSampling") and \
-                params.get("parameter") == "reasoning_budget":
-            return ProviderError(400, f"reasoning_effort: this model does not think "
-                                      f"({params.get('reason')})", retryable=False)
-        if error.name.endswith(("InvalidParameter", "InvalidSampling", "InvalidConstraint")):
-            named = params.get("parameter") or params.get("message") or params.get("reason")
-            why = f": {named}" if named else ""
-            return ProviderError(400, f"runtimed refused the request{why} "
-                                      f"({error.name.rpartition('.')[2]})", retryable=False)
-        words = in_words(error.name, error.paramstojson()) \
-            if error.name.endswith(("EngineCrashed", "EngineFailing")) else None
-        if words is not None:
-            return ProviderError(503 if error.name.endswith("EngineFailing") else 502, words)
         return ProviderError(502, f"runtimed answered {error.name}")
     if isinstance(error, CallTimeout):
         return ProviderError(504, "runtimed did not answer in time")
@@ -204,7 +212,7 @@ class _Whole:
     #: A thinking model's reasoning (chunks runtimed marks thinking).
     thinking: list[str] = field(default_factory=list)
     #: runtimed's TokenLogprobs, when asked for.
-    logprobs: list[Any] | None = None
+    logprobs: "list[TokenLogprob] | None" = None
     tokens: int = 0
     prompt: int = 0
     #: Of the prompt, the tokens a context already held (runtimed's count).
@@ -222,7 +230,7 @@ class RuntimedProvider:
         self.config = config
         self.address = config.endpoint or f"unix:{paths.socket(RUNTIME)}"
 
-    async def _client(self) -> Any:
+    async def _client(self) -> "Runtime1Client":
         """A connection to runtimed, or a 502 when it cannot be reached."""
         from syntrop.interfaces.runtime import Runtime1
         from syntrop.varlink.client import CallTimeout, connect
@@ -233,7 +241,7 @@ class RuntimedProvider:
             raise ProviderError(502, f"runtimed unreachable: {error}") from None
 
     async def _chunks(self, endpoint: str, body: dict[str, Any],
-                      plan: "tools.Plan | None" = None) -> AsyncIterator[Any]:
+                      plan: "tools.Plan | None" = None) -> AsyncIterator["Chunk"]:
         from asyncvarlink import VarlinkErrorReply
 
         from syntrop.interfaces.runtime import ChatMessage
@@ -360,7 +368,7 @@ class RuntimedProvider:
         return {"object": "list", "data": data, "model": body["model"],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    async def load(self) -> Any:
+    async def load(self) -> "LoadResult | None":
         """runtimed's load now (Runtime1.GetLoad); None when it does not
         answer."""
         from syntrop.interfaces.runtime import Runtime1
@@ -445,7 +453,7 @@ class RuntimedProvider:
                         model=model, prompt="Hello",
                         sampling=Sampling(max_tokens=1, temperature=0.0, top_p=None, top_k=None,
                                           seed=1, stop=None)):
-                    tokens += (reply["chunk"] if isinstance(reply, dict) else reply).tokens
+                    tokens += reply["chunk"].tokens
         except Exception as error:
             raise _failed(error) from None
         detail = (f"engine: {where}; {model} answered {tokens} token in "
