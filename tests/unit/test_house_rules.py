@@ -8,7 +8,11 @@ functions included, read with ast.
   pulls are the syn command's: syntrop.pull);
 - no daemon imports syn pull's client side (syntrop.pull) or the CLIs;
 - shared modules (interfaces, varlink, system, config, modelfile, prefix) import no
-  daemon and no CLI.
+  daemon and no CLI;
+- runtimed's two processes stay apart: nothing under runtimed/worker/
+  imports the face (service, supervisor, seats, residency, ...), the face
+  reaches worker/ only through protocol.py, and the few modules both
+  import (RUNTIMED_SHARED) import neither side.
 """
 
 import ast
@@ -157,3 +161,52 @@ def test_a_new_cycle_or_crossing_would_be_seen(tmp_path: Path) -> None:
     (root / "a" / "y.py").write_text("def f():\n    from syntrop.a.x import g\n")
     (root / "a" / "z.py").write_text("import syntrop.a.y\n")
     assert cycles(module_graph(root)) == [["syntrop.a.x", "syntrop.a.y"]]
+
+
+RUNTIMED = "syntrop.runtimed"
+WORKER = "syntrop.runtimed.worker"
+#: What both of runtimed's processes import: the messages (protocol), the
+#: socket's framing (channel), and pure leaf modules: the CPU choice, the
+#: pace board, sampling checks, session digests, constraint compiling (the
+#: face compiles, the worker guides) and the journal.
+RUNTIMED_SHARED = frozenset(f"{RUNTIMED}.{name}" for name in (
+    "protocol", "channel", "cpu", "layout", "sampling", "sessions", "constrain", "journal"))
+
+
+def runtimed_crossings(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for each import that crosses runtimed's split."""
+    def worker_side(module: str) -> bool:
+        return module == WORKER or module.startswith(WORKER + ".")
+
+    wrong = []
+    for module, targets in graph.items():
+        if not module.startswith(RUNTIMED + "."):
+            continue
+        for target in targets:
+            if not target.startswith(RUNTIMED + ".") or target == module:
+                continue
+            if module in RUNTIMED_SHARED:
+                bad = target not in RUNTIMED_SHARED  # a leaf imports either side
+            elif target in RUNTIMED_SHARED:
+                bad = False
+            else:  # the worker side imports the face, or the face the worker side
+                bad = worker_side(module) != worker_side(target)
+            if bad:
+                wrong.append((module, target))
+    return sorted(wrong)
+
+
+def test_runtimed_face_and_worker_meet_only_in_protocol() -> None:
+    graph = module_graph()
+    assert WORKER in graph and f"{RUNTIMED}.service" in graph  # the rule sees both sides
+    assert runtimed_crossings(graph) == []
+
+
+def test_a_runtimed_crossing_would_be_seen() -> None:
+    graph = {f"{WORKER}.host": {f"{RUNTIMED}.seats", f"{RUNTIMED}.protocol"},
+             f"{RUNTIMED}.service": {f"{WORKER}.engine", f"{RUNTIMED}.protocol"},
+             f"{RUNTIMED}.protocol": {f"{RUNTIMED}.supervisor"}}
+    assert runtimed_crossings(graph) == [
+        (f"{RUNTIMED}.protocol", f"{RUNTIMED}.supervisor"),
+        (f"{RUNTIMED}.service", f"{WORKER}.engine"),
+        (f"{WORKER}.host", f"{RUNTIMED}.seats")]

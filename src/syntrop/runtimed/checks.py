@@ -12,6 +12,7 @@ from syntrop.interfaces.runtime import (
     Constraint,
     InvalidConstraint,
     InvalidSampling,
+    NotAuthorized,
     Sampling,
     SessionConfig,
     Speculative,
@@ -21,11 +22,27 @@ from syntrop.runtimed.protocol import KV_TYPES, Options, wire_params
 from syntrop.runtimed.residency import check_name
 from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import PROMPT_FORMATS
-from syntrop.varlink import InvalidParameter
+from syntrop.varlink import InvalidParameter, authz
 
 if TYPE_CHECKING:
     from syntrop.runtimed import constrain
     from syntrop.runtimed.journal import Journal
+
+#: Priorities a generation may name (leases.py's lanes).
+PRIORITIES = ("EmergencyTriage", "Interactive", "Batch")
+
+
+async def triage(priority: str | None) -> bool:
+    """Whether a request with `priority` goes to the triage lane: only
+    EmergencyTriage, and only for root or holders of sentry's triage
+    authorization (it is never frozen for anyone)."""
+    if priority is None or priority in ("Interactive", "Batch"):
+        return False
+    if priority not in PRIORITIES:
+        raise InvalidParameter(parameter="priority")
+    await authz.authorize(authz.TRIAGE, NotAuthorized)
+    return True
+
 
 #: Most tokens drafted per speculative step.
 MAX_DRAFT_MAX = 16

@@ -2,37 +2,30 @@
 settings for a lease on one plane or a gang (composite) lease on several.
 
 A pure module: it reads no file and imports neither llama_cpp nor the
-Varlink interfaces. Its inputs are
-
-- a `ModelShape`: what the model weighs, per repeating block and in all,
-  at the context it will run with (`shape_from_gguf` builds one from GGUF
-  metadata and the file's size; `estimated_bytes` is the lease to ask for);
-- a `Grant`: one lease (plane and bytes, `Grant.single`) or the slices of a
-  composite lease (`Grant.from_slices`, with PlaneSlice's vocabulary: role
-  "pipeline" with stage_index, or "tensor");
-- `PlaneView`s: each plane's kind (ComputePlane's: drm_gpu, npu, cpu), its
-  device index in the engine (for main_gpu and tensor_split), its NUMA node
-  and the CPU cores near it (`planes_from_topology` builds them from
-  inferenced's topology scan and the NUMA nodes' CPU lists).
-
+Varlink interfaces. Its inputs are a `ModelShape` (what the model weighs,
+per repeating block and in all, at its context: `shape_from_gguf` builds
+one from GGUF metadata and the file's size; `estimated_bytes` is the lease
+to ask for), a `Grant` (one lease, `Grant.single`, or a composite lease's
+slices, `Grant.from_slices`, role "pipeline" with stage_index or "tensor")
+and `PlaneView`s (each plane's kind: drm_gpu, npu, cpu; its device index
+in the engine; its NUMA node and the CPU cores near it:
+`planes_from_topology` builds them from inferenced's topology scan).
 `place()` answers a `Placement`: n_gpu_layers, main_gpu, split_mode,
 tensor_split, threads and their affinity, and a one-line `why`.
 
-How llama.cpp places layers (load_tensors in the pinned version): the
-token embeddings always stay on the host; n_gpu_layers counts n_layer + 1
-slots, the repeating blocks then the output head, from the end: all
-n_layer + 1 put everything on the devices, k <= n_layer put the output head
-and the last k - 1 blocks there (older versions: the last k blocks, the
-head on the host). A k is chosen here only when it fits either way. With
-several devices, the slots on them are cut by tensor_split's cumulative
-shares (float32, first split point above slot / count), in device order,
-and each block's KV cache lives where the block does. Row split cuts every
-offloaded matrix across the devices by the same shares instead.
+How llama.cpp places layers (load_tensors in the pinned version): the token
+embeddings stay on the host; n_gpu_layers counts n_layer + 1 slots (the
+blocks, then the output head) from the end: all of them put everything on the
+devices, k <= n_layer the head and the last k - 1 blocks (older versions: the
+last k blocks, the head on the host); a k is chosen here only when it fits
+either way. Several devices cut the slots by tensor_split's cumulative shares
+(float32, first split point above slot / count), in device order, and a
+block's KV cache lives where the block does; row split cuts every offloaded
+matrix by the same shares instead.
 
-Sizes are upper bounds where they cannot be exact (see `shape_from_gguf`),
-and every device keeps a reserve for compute buffers and the backend's own
-context: a placement errs towards fewer layers on a device, never more than
-its slice holds.
+Sizes are upper bounds where they cannot be exact (`shape_from_gguf`), and
+every device keeps a reserve for compute buffers and its backend's context:
+a placement errs towards fewer layers on a device, never more than it holds.
 """
 
 import math
@@ -41,6 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# A device's compute reserve is that of runtimed's leases: at least
+# COMPUTE_MIN, and COMPUTE_SHARE of the weights.
 from syntrop.runtimed.leases import COMPUTE_MIN, COMPUTE_SHARE
 
 #: llama.cpp's enum llama_split_mode (llama_cpp.LLAMA_SPLIT_MODE_NONE,
@@ -48,14 +43,11 @@ from syntrop.runtimed.leases import COMPUTE_MIN, COMPUTE_SHARE
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
 #: llama.cpp's LLAMA_MAX_DEVICES: tensor_split has at most this many entries.
 MAX_DEVICES = 16
-#: The compute reserve of a device is the one of runtimed's leases
-#: (leases.py): at least COMPUTE_MIN, and COMPUTE_SHARE of the weights.
-
 #: VRAM a GPU backend takes for itself on each device it opens (its
 #: context, library workspaces), not counted in llama.cpp's buffers. An
 #: estimate; not measured on this project's machines (none has a GPU).
 GPU_CONTEXT_BYTES = 512 << 20
-#: Bytes per element of the KV cache types runtimed offers (engine.KV_TYPES),
+#: Bytes per element of the KV cache types runtimed offers (protocol.KV_TYPES),
 #: and a few more llama.cpp has: ggml block size / elements per block.
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
                  "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
@@ -117,16 +109,12 @@ def _number(metadata: Mapping[str, Any], key: str, default: int = 0) -> int:
     """An integer metadata value: the typed header reader's int, or
     llama-cpp-python's string (Llama.metadata)."""
     value = metadata.get(key, default)
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return default
-    return default
+    try:
+        return int(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
 
 
 def compute_reserve(weight_bytes: int) -> int:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from syntrop.interfaces.runtime import (
     EngineCrashed,
     EngineFailing,
+    EngineWorker,
     InsufficientMemory,
     ModelNotFound,
     WeightsMismatch,
@@ -351,6 +352,40 @@ class Residency:
         resident.drafts.add(draft)
 
     # leaving ----------------------------------------------------------------
+
+    def report(self, now: float) -> list[EngineWorker]:
+        """GetEngine's workers: every running one, and each model whose
+        worker crashed within the crash window."""
+        workers: list[EngineWorker] = []
+        crashes = self.crashes
+        window = self.config.crash_window
+        for at in sorted(set(self.models) | set(crashes)):
+            name, triage = lane_of(at)
+            resident = self.models.get(at)
+            record = crashes.get(at)
+            recent = [t for t in record.times if now - t <= window] if record else []
+            retry = None
+            state = "running"
+            if resident is None:
+                state = "crashed"
+                if self.config.crash_limit and len(recent) >= self.config.crash_limit:
+                    state, retry = "failing", round(max(0.0, recent[0] + window - now), 1)
+                elif not recent:
+                    continue  # crashed long ago, not running now: nothing to say
+            worker = resident.worker if resident is not None else None
+            last = record.last if record else None
+            workers.append(EngineWorker(
+                model=name, pid=worker.pid if worker else None, state=state,
+                started_at=worker.started if worker else None,
+                calls=worker.served if worker else 0, crashes=len(recent),
+                last_exit=last.describe() if last else None,
+                last_signal=last.signal if last else None,
+                last_calls=list(record.last_calls) if record else [], retry_after_s=retry,
+                lane="triage" if triage else None,
+                lease_id=resident.lease.lease_id if resident and resident.lease else None,
+                lease_bytes=resident.lease.memory if resident and resident.lease else None,
+                cgroup=resident.cgroup if resident else None))
+        return workers
 
     def keep_alive_left(self, resident: Resident, now: float) -> float | None:
         """Seconds before `resident` is unloaded; None while it is in use."""

@@ -8,22 +8,17 @@ residency.py and supervisor.py, so a native fault ends that model's calls
 with EngineCrashed while every other model, and this face, go on.
 
 Kept in this process, on the event loop, is what spans models: the slots
-and their queue (slots.py), the session table with its owner fence
-(sessions.py), spilled session state (spill.py), what to shed under memory
-pressure, and the CPU choice for the engine (cpu.py), made once. What a
-call asks for is checked first (checks.py); models, their workers and
-keep-alive are residency.py's.
+and their queue (slots.py), the sessions with their owner fence and
+spilled state (seats.py), what to shed under memory pressure, and the CPU
+choice for the engine (cpu.py), made once. What a call asks for is checked
+first (checks.py); models, their workers and keep-alive are residency.py's.
+The face's own errors become the contract's in one table (ERRORS);
+a worker's come as the declared errors they name (supervisor.py).
 
 Streams (Complete, Chat, Decode) are relayed by streams.py: each piece the
 worker sends goes out at once; when the client goes away the call is
 cancelled in the worker, and its slot and model go back once the worker
 has stopped.
-
-Spill: a session holds a slot while its context is live. When a request
-needs a slot and none is free, the least recently used idle session is
-spilled: its worker writes its state into a memfd that comes here (kept in
-memory, or in a file beyond the byte budget), and closes the context; the
-next call on it takes a slot again and hands the state back.
 """
 
 import asyncio
@@ -32,9 +27,9 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from asyncvarlink import AnnotatedResult
 
@@ -48,10 +43,8 @@ from syntrop.interfaces.runtime import (
     ContextReport,
     Embedding,
     EmbedResult,
-    EngineCrashed,
     EngineResult,
     EngineVariant,
-    EngineWorker,
     LoadedModel,
     LoadResult,
     NoPrefix,
@@ -61,7 +54,6 @@ from syntrop.interfaces.runtime import (
     Runtime1,
     Sampling,
     SessionConfig,
-    SessionLost,
     SessionNotFound,
     StaleOwner,
     SuffixStatus,
@@ -72,11 +64,12 @@ from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
 from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.residency import Residency, Resident, check_name, crashed, lane_of
-from syntrop.runtimed.sessions import SessionTable, StaleSession, UnknownSession
+from syntrop.runtimed.seats import Seat, Seats, Session, completed
+from syntrop.runtimed.sessions import StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
 from syntrop.runtimed.streams import relay
-from syntrop.runtimed.supervisor import Call, Exit, WorkerGone, WorkerProcess
+from syntrop.runtimed.supervisor import Call, WorkerGone
 from syntrop.varlink import InvalidParameter, authz, current_peer, implements
 
 if TYPE_CHECKING:
@@ -84,9 +77,6 @@ if TYPE_CHECKING:
     from syntrop.runtimed.journal import Journal
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-#: Tasks left running for a caller that went away (kept from the collector).
-_BACKGROUND: set["asyncio.Future[Any]"] = set()
 
 MAX_TEXT = 1 << 20
 MAX_MESSAGES = 256
@@ -94,86 +84,6 @@ MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
 #: Most tokens one Decode of a session with sinks may generate.
 MAX_STREAM_TOKENS = 1 << 20
-
-
-@dataclass(eq=False, slots=True, kw_only=True)
-class Seat:
-    """A session, runtimed's side: where its context is (live in its
-    model's worker, or spilled here), and what the worker does not keep."""
-
-    options: Options
-    n_ctx: int
-    #: The resident model the session holds (released once, on close).
-    resident: Resident
-    #: The context is live in the worker (False: spilled, or lost).
-    in_worker: bool = True
-    #: Calls using the seat now (a spill waits for none; Close for all).
-    busy: int = 0
-    quiet: asyncio.Event = field(default_factory=asyncio.Event)
-    used: float = field(default_factory=time.monotonic)
-    resident_tokens: int = 0
-    #: Resident tokens while spilled.
-    spilled_tokens: int = 0
-    #: The session's LoRA adapter (its name in modeld).
-    lora: str | None = None
-    #: With sinks: how many, the journal of generated text, tokens dropped
-    #: by shifts so far, and whether a shift cut the prefix.
-    sinks: int | None = None
-    journal: "Journal | None" = None
-    shifted: int = 0
-    prefix_cut: bool = False
-    #: Why the session is gone (its worker died); None while it lives.
-    lost: str | None = None
-    released: bool = False
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def _completed(coroutine: Coroutine[Any, Any, T],
-               undo: Callable[[T], Awaitable[None]] | None = None) -> Awaitable[T]:
-    """Run `coroutine` to its end even if the caller is cancelled: it changes
-    state on both sides of a worker (a context made, saved or restored), and
-    stopping it halfway would leave them disagreeing. When the caller has
-    gone, `undo` gets the result (what nobody will ever use is given back)."""
-    task = asyncio.ensure_future(coroutine)
-    _BACKGROUND.add(task)
-
-    def finished(done: "asyncio.Future[T]") -> None:
-        _BACKGROUND.discard(task)
-        if done.cancelled() or done.exception() is not None:
-            return  # an error nobody waits for any more: nothing to undo
-        if undo is not None and abandoned:
-            undoing = asyncio.ensure_future(undo(done.result()))
-            _BACKGROUND.add(undoing)
-            undoing.add_done_callback(_BACKGROUND.discard)
-
-    abandoned = False
-    task.add_done_callback(finished)
-
-    async def wait() -> T:
-        nonlocal abandoned
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            abandoned = True
-            raise
-
-    return wait()
-
-
-#: Priorities a generation may name (leases.py's lanes).
-PRIORITIES = ("EmergencyTriage", "Interactive", "Batch")
-
-
-async def _triage(priority: str | None) -> bool:
-    """Whether a request with `priority` goes to the triage lane: only
-    EmergencyTriage, and only for root or holders of sentry's triage
-    authorization (it is never frozen for anyone)."""
-    if priority is None or priority in ("Interactive", "Batch"):
-        return False
-    if priority not in PRIORITIES:
-        raise InvalidParameter(parameter="priority")
-    await authz.authorize(authz.TRIAGE, NotAuthorized)
-    return True
 
 
 def _cached(resident: Resident, result: dict[str, Any]) -> None:
@@ -184,6 +94,26 @@ def _cached(resident: Resident, result: dict[str, Any]) -> None:
         resident.cached_contexts = int(result.get("cached_contexts") or 0)
 
 
+#: The face's domain errors as the contract's: the one place they are mapped.
+ERRORS: dict[type[Exception], Callable[[Any], Exception]] = {
+    WorkerGone: lambda gone: crashed(lane_of(gone.model)[0], gone),
+    SlotsBusy: lambda busy: Busy(queue_depth=busy.queue_depth),
+    UnknownSession: lambda unknown: SessionNotFound(session_id=unknown.session_id),
+    StaleSession: lambda stale: StaleOwner(session_id=stale.session_id,
+                                           owner_instance_id=stale.owner),
+}
+
+
+@contextlib.contextmanager
+def contract() -> Iterator[None]:
+    """Raise the face's domain errors (ERRORS) as the contract's."""
+    try:
+        yield
+    except tuple(ERRORS) as error:
+        mapped = next(to for cls, to in ERRORS.items() if isinstance(error, cls))
+        raise mapped(error) from None
+
+
 class RuntimeService(Runtime1):
     """Runs GGUF models, each in an engine worker, with persistent sessions."""
 
@@ -191,11 +121,10 @@ class RuntimeService(Runtime1):
         self.paths = paths
         self.config = config or load(paths.configuration)
         self.slots = Slots(self.config.slots, self.config.queue)
-        self.table: SessionTable[Seat] = SessionTable()
-        self.spill = SpillStore(paths.state / "spill", self.config.spill_ram)
+        self.seats = Seats(self.slots, SpillStore(paths.state / "spill", self.config.spill_ram))
         self.residency = Residency(paths.socket(names.MODEL), self.config, self.engine,
                                    inference=paths.socket(names.INFERENCE))
-        self.residency.on_crash = self._crashed
+        self.residency.on_crash = lambda worker, exit, _calls: self.seats.lost(worker, exit)
         self.residency.in_use = self._in_use
         self.residency.on_pressure = self._shed
         self._choice: asyncio.Future[Choice] | None = None
@@ -219,47 +148,22 @@ class RuntimeService(Runtime1):
 
     def _open(self, resident: Resident, op: str, args: dict[str, Any],
               fds: Sequence[int] = (), *, label: str) -> Call:
-        try:
+        with contract():
             return resident.worker.open(op, args, fds, label=label)
-        except WorkerGone as gone:
-            raise crashed(resident.name, gone) from None
 
     async def _call(self, resident: Resident, op: str, args: dict[str, Any],
                     fds: Sequence[int] = (), *, label: str) -> dict[str, Any]:
-        try:
+        with contract():
             return await resident.worker.request(op, args, fds, label=label)
-        except WorkerGone as gone:
-            raise crashed(resident.name, gone) from None
 
     async def _stream(self, resident: Resident, call: Call, done: Callable[[], None],
                       received: float, *, on_text: Callable[[str], None] | None = None,
                       on_result: Callable[[dict[str, Any]], None] | None = None,
                       ) -> AsyncIterator[AnnotatedResult]:
-        try:
+        with contract():
             async for reply in relay(resident.worker, call, done=done, received=received,
                                      trace=self._trace, on_text=on_text, on_result=on_result):
                 yield reply
-        except WorkerGone as gone:
-            raise crashed(resident.name, gone) from None
-
-    def _crashed(self, worker: WorkerProcess, exit: Exit, calls: list[str]) -> None:
-        """A model's worker died: its sessions are lost (their slots and
-        spilled state freed now; each answers SessionLost until closed)."""
-        model = worker.model
-        lost = 0
-        for session in self.table:
-            seat = session.engine
-            if seat.resident.worker is not worker or seat.lost is not None:
-                continue
-            seat.lost = exit.describe()
-            if seat.in_worker:
-                seat.in_worker = False
-                self.slots.release()
-            else:
-                self.spill.drop(session.session_id)
-            lost += 1
-        if lost:
-            logger.warning("%d sessions of %s were lost with its engine", lost, model)
 
     # models ---------------------------------------------------------------------
 
@@ -271,14 +175,12 @@ class RuntimeService(Runtime1):
         return fd
 
     async def _draft(self, resident: Resident, name: str) -> None:
-        try:
+        with contract():
             await self.residency.load_draft(resident, name)
-        except WorkerGone as gone:
-            raise crashed(resident.name, gone) from None
 
     def _in_use(self, resident: Resident) -> bool:
         """Held by a call, or by a session (spilled ones too)."""
-        return resident.busy > 0 or any(s.engine.resident is resident for s in self.table)
+        return resident.busy > 0 or self.seats.in_use(resident)
 
     async def _shed(self) -> None:
         """Under memory pressure, beyond unloading idle models: close the
@@ -288,9 +190,9 @@ class RuntimeService(Runtime1):
         for resident in list(self.models.values()):
             closed += int((await self._call(resident, "trim", {}, label="trim"))["closed"])
         spilled = 0
-        while await self._spill_one(None):
+        while await self.seats.spill_one(None):
             spilled += 1
-        moved = await asyncio.to_thread(self.spill.flush)
+        moved = await asyncio.to_thread(self.seats.spill.flush)
         if closed or spilled or moved:
             logger.info("memory pressure: closed %d idle contexts, spilled %d sessions, "
                         "moved %d bytes of session state to disk", closed, spilled, moved)
@@ -312,126 +214,13 @@ class RuntimeService(Runtime1):
         return {"unloaded": idle, "in_use": [n for n in names if n not in idle],
                 "freed_bytes": freed}
 
-    async def _slot(self, keep: Seat | None = None) -> None:
-        """Take a slot; when none is free, spill the least recently used idle
-        session (never `keep`) rather than wait."""
-        if self.slots.free == 0 and not self.slots.queue_depth:
-            await self._spill_one(keep)
-        try:
-            await self.slots.acquire()
-        except SlotsBusy as error:
-            raise Busy(queue_depth=error.queue_depth) from None
-
-    # spill ----------------------------------------------------------------------
-
-    async def _spill_one(self, keep: Seat | None) -> bool:
-        """Spill the least recently used idle session; whether one was. A
-        session of the triage lane is never spilled: sentry's warm prefix
-        must be there when a failure comes."""
-        idle = [s for s in self.table if s.engine.in_worker and not s.engine.busy
-                and not s.engine.lock.locked() and s.engine is not keep
-                and not s.engine.resident.triage]
-        if not idle:
-            return False
-        session = min(idle, key=lambda s: s.engine.used)
-        return await _completed(self._spill(session))
-
-    async def _spill(self, session: sessions_mod.Session[Seat]) -> bool:
-        seat = session.engine
-        async with seat.lock:
-            if not seat.in_worker:  # spilled (or lost) meanwhile
-                return True
-            try:
-                result, fds = await seat.resident.worker.request_fds(
-                    "save", {"session": session.session_id}, label="spill")
-            except WorkerGone:
-                return False  # its sessions are lost: _crashed freed the slot
-            except Exception as error:
-                logger.warning("cannot spill session %s: %s",
-                               sessions_mod.tag(session.session_id), error)
-                return False
-            if seat.lost is not None:  # the worker died right after answering
-                for fd in fds:
-                    os.close(fd)
-                return True
-            seat.in_worker, seat.spilled_tokens = False, int(result["tokens"])
-            self.slots.release()
-            try:
-                await asyncio.to_thread(self.spill.put, session.session_id, fds[0])
-            except OSError as error:  # it comes back cold (NoPrefix)
-                logger.warning("spilled state of session %s lost: %s",
-                               sessions_mod.tag(session.session_id),
-                               error)
-        where = "a file" if self.spill.on_disk(session.session_id) else "memory"
-        logger.info("spilled session %s (%d tokens, %d bytes) to %s",
-                    sessions_mod.tag(session.session_id),
-                    seat.spilled_tokens, int(result["bytes"]), where)
-        return True
-
-    async def _wake(self, session: sessions_mod.Session[Seat]) -> None:
-        """Make sure the session's context is live in its worker (restoring
-        a spilled one); the seat counts as busy until `_rest`."""
-        seat = session.engine
-        seat.busy += 1
-        seat.quiet.clear()
-        try:
-            await _completed(self._ready(session))
-        except BaseException:
-            self._rest(session)
-            raise
-
-    async def _ready(self, session: sessions_mod.Session[Seat]) -> None:
-        seat = session.engine
-        async with seat.lock:
-            self._check_lost(session)
-            if not seat.in_worker:
-                await self._restore(session)
-
-    def _rest(self, session: sessions_mod.Session[Seat]) -> None:
-        seat = session.engine
-        seat.busy -= 1
-        seat.used = time.monotonic()
-        if not seat.busy:
-            seat.quiet.set()
-
-    async def _restore(self, session: sessions_mod.Session[Seat]) -> None:
-        seat = session.engine
-        await self._slot(keep=seat)
-        fd: int | None = None
-        try:
-            with contextlib.suppress(KeyError, OSError):
-                fd = await asyncio.to_thread(self.spill.take, session.session_id)
-            result = await self._call(seat.resident, "restore",
-                                      {"session": session.session_id, "lora": seat.lora},
-                                      [fd] if fd is not None else [], label="restore")
-            # The worker may have died right after answering: the session
-            # is lost then, and _crashed did not count this slot.
-            self._check_lost(session)
-        except BaseException:
-            self.slots.release()
-            raise
-        finally:
-            if fd is not None:
-                os.close(fd)
-        seat.in_worker = True
-        seat.resident_tokens = int(result["resident"])
-        if result.get("cold"):
-            # The state is lost (a spill file removed or damaged): the
-            # session goes on cold, and says so (NoPrefix until EnsurePrefix).
-            logger.warning("session %s restored cold", sessions_mod.tag(session.session_id))
-            session.manifest = session.manifest_digest = None
-            session.prefix_tokens = 0
-        else:
-            logger.info("restored session %s (%d tokens)", sessions_mod.tag(session.session_id),
-                        seat.resident_tokens)
-
     # streams --------------------------------------------------------------------
 
     async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
                         constraint: Constraint | None, label: str, priority: str | None = None,
                         ) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
-        triage = await _triage(priority)
+        triage = await checks.triage(priority)
         options = checks.options(None, self.config)
         compiled = await checks.constraint(constraint)
         params = checks.bounded(checks.params(sampling, options.n_ctx), compiled, options.n_ctx)
@@ -523,51 +312,19 @@ class RuntimeService(Runtime1):
         root, or runtimed itself. To anyone else it does not exist."""
         return authz.privileged(current_peer(), uid)
 
-    def _session(self, session_id: str) -> sessions_mod.Session[Seat]:
-        try:
-            session = self.table.get(session_id, self._may)
-        except UnknownSession:
-            raise SessionNotFound(session_id=session_id) from None
-        except StaleSession as error:
-            raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
-        self._check_lost(session)
+    def _session(self, session_id: str) -> Session:
+        with contract():
+            session = self.seats.table.get(session_id, self._may)
+        self.seats.check_lost(session)
         return session
 
-    @staticmethod
-    def _check_lost(session: sessions_mod.Session[Seat]) -> None:
-        if session.engine.lost is not None:
-            raise SessionLost(session_id=session.session_id, model=session.model,
-                              reason=f"its engine {session.engine.lost}")
+    async def _slot(self) -> None:
+        with contract():
+            await self.seats.take_slot()
 
-    async def _free(self, session: sessions_mod.Session[Seat]) -> None:
-        """Close a removed session's context once no call uses it, and free
-        its slot, or drop its spilled state; release its model. Runs to
-        its end even if the caller goes away."""
-        await _completed(self._freeing(session))
-
-    async def _freeing(self, session: sessions_mod.Session[Seat]) -> None:
-        seat = session.engine
-        try:
-            while seat.busy:
-                await seat.quiet.wait()
-            async with seat.lock:
-                if seat.lost is None:
-                    if not seat.in_worker:
-                        await asyncio.to_thread(self.spill.drop, session.session_id)
-                    try:
-                        # The worker keeps a spilled seat's adapter: it forgets both.
-                        await self._call(seat.resident, "close",
-                                         {"session": session.session_id}, label="Close")
-                    except EngineCrashed:
-                        pass  # gone with its worker
-                    finally:
-                        if seat.in_worker and seat.lost is None:
-                            seat.in_worker = False
-                            self.slots.release()
-        finally:
-            if not seat.released:
-                seat.released = True
-                seat.resident.release()
+    async def _wake(self, session: Session) -> None:
+        with contract():
+            await self.seats.wake(session)
 
     @implements
     async def OpenSession(
@@ -576,7 +333,7 @@ class RuntimeService(Runtime1):
     ) -> OpenSessionResult:
         if not owner_instance_id or len(owner_instance_id) > 256:
             raise InvalidParameter(parameter="owner_instance_id")
-        triage = await _triage(priority)
+        triage = await checks.triage(priority)
         options = checks.options(config, self.config)
         sinks, journal = checks.window(config, options.n_ctx)
         prompt_format = checks.prompt_format(config)
@@ -588,11 +345,11 @@ class RuntimeService(Runtime1):
         try:
             resident = await self._hold(model, triage=triage)
             try:
-                for ended in self.table.fence(owner_instance_id, current_peer().uid):
+                for ended in self.seats.table.fence(owner_instance_id, current_peer().uid):
                     logger.info("session %s ended by a takeover",
                                 sessions_mod.tag(ended.session_id))
-                    with contextlib.suppress(EngineCrashed):  # gone with its worker
-                        await self._free(ended)
+                    with contextlib.suppress(WorkerGone):  # gone with its worker
+                        await self.seats.free(ended)
                 await self._slot()
             except BaseException:
                 resident.release()
@@ -601,7 +358,7 @@ class RuntimeService(Runtime1):
             if lora_fd is not None:
                 os.close(lora_fd)
             raise
-        session = await _completed(
+        session = await completed(
             self._open_session(resident, owner_instance_id, model, options, config,
                                sinks, journal, lora, scale, lora_fd, prompt_format),
             undo=self._abandoned)
@@ -611,7 +368,7 @@ class RuntimeService(Runtime1):
                             config: SessionConfig | None, sinks: int | None,
                             journal: "Journal | None", lora: str | None, scale: float,
                             lora_fd: int | None, prompt_format: str | None = None,
-                            ) -> sessions_mod.Session[Seat]:
+                            ) -> Session:
         """The worker's context for a new session (the caller holds a slot
         and the model; both are given back on failure), and its entry. Owns
         `lora_fd` (the worker gets a copy)."""
@@ -635,17 +392,17 @@ class RuntimeService(Runtime1):
         seat = Seat(options=options, n_ctx=int(result["n_ctx"]), resident=resident, lora=lora,
                     sinks=sinks, journal=journal)
         seat.quiet.set()
-        return self.table.add(owner=owner, model=model, engine=seat,
+        return self.seats.table.add(owner=owner, model=model, engine=seat,
                               add_bos=not (config and config.disable_bos), session_id=session_id,
                               uid=current_peer().uid)
 
-    async def _abandoned(self, session: sessions_mod.Session[Seat]) -> None:
+    async def _abandoned(self, session: Session) -> None:
         """A session opened for a caller that went away before it learnt the
         id: nobody can use or close it, so it is closed now."""
         with contextlib.suppress(UnknownSession, StaleSession):
-            self.table.remove(session.session_id)
+            self.seats.table.remove(session.session_id)
         with contextlib.suppress(Exception):
-            await self._free(session)
+            await self.seats.free(session)
 
     @implements
     async def EnsurePrefix(
@@ -664,7 +421,7 @@ class RuntimeService(Runtime1):
                 "current_digest": session.manifest_digest, "digest": digest},
                 label="EnsurePrefix")
         finally:
-            self._rest(session)
+            self.seats.rest(session)
         session.prefix_tokens = int(result["prefix_tokens"])
         session.stable_token_hash = str(result["token_hash"])
         seat.resident_tokens = int(result["resident"])
@@ -704,7 +461,7 @@ class RuntimeService(Runtime1):
                 "session": session_id, "text": text, "prefix_tokens": session.prefix_tokens},
                 label="PrefillSuffix")
         finally:
-            self._rest(session)
+            self.seats.rest(session)
         count = int(result["count"])
         seat.resident_tokens = int(result["resident"])
         resident = session.prefix_tokens + count
@@ -735,7 +492,7 @@ class RuntimeService(Runtime1):
         speculative = checks.speculative(sampling, params, compiled)
         held = contextlib.ExitStack()
         await self._wake(session)
-        held.callback(self._rest, session)
+        held.callback(self.seats.rest, session)
         try:
             if session.manifest_digest is None:  # restored cold
                 raise NoPrefix(session_id=session_id)
@@ -788,13 +545,9 @@ class RuntimeService(Runtime1):
 
     @implements
     async def Close(self, *, session_id: str) -> None:
-        try:
-            session = self.table.remove(session_id, self._may)
-        except UnknownSession:
-            raise SessionNotFound(session_id=session_id) from None
-        except StaleSession as error:
-            raise StaleOwner(session_id=session_id, owner_instance_id=error.owner) from None
-        await self._free(session)
+        with contract():
+            session = self.seats.table.remove(session_id, self._may)
+        await self.seats.free(session)
 
     # load and engine ------------------------------------------------------------
 
@@ -803,7 +556,7 @@ class RuntimeService(Runtime1):
         now = time.monotonic()
         models = []
         for name, m in sorted(self.models.items()):
-            sessions = sum(s.engine.resident is m for s in self.table)
+            sessions = sum(s.engine.resident is m for s in self.seats)
             # Each open session holds its model once; the rest are requests.
             batch_free = None if m.batch_running is None else \
                 max(0, self.config.slots - m.batch_running)
@@ -819,42 +572,13 @@ class RuntimeService(Runtime1):
             "loaded_models": sorted(self.models),
             "queue_depth": self.slots.queue_depth,
             "models": models,
-            "spilled_sessions": len(self.spill),
+            "spilled_sessions": len(self.seats.spill),
         }
 
     @implements
     async def GetEngine(self) -> EngineResult:
         choice = await self.engine()
-        now = time.monotonic()
-        workers: list[EngineWorker] = []
-        crashes = self.residency.crashes
-        window = self.config.crash_window
-        for at in sorted(set(self.models) | set(crashes)):
-            name, triage = lane_of(at)
-            resident = self.models.get(at)
-            record = crashes.get(at)
-            recent = [t for t in record.times if now - t <= window] if record else []
-            retry = None
-            state = "running"
-            if resident is None:
-                state = "crashed"
-                if self.config.crash_limit and len(recent) >= self.config.crash_limit:
-                    state, retry = "failing", round(max(0.0, recent[0] + window - now), 1)
-                elif not recent:
-                    continue  # crashed long ago, not running now: nothing to say
-            worker = resident.worker if resident is not None else None
-            last = record.last if record else None
-            workers.append(EngineWorker(
-                model=name, pid=worker.pid if worker else None, state=state,
-                started_at=worker.started if worker else None,
-                calls=worker.served if worker else 0, crashes=len(recent),
-                last_exit=last.describe() if last else None,
-                last_signal=last.signal if last else None,
-                last_calls=list(record.last_calls) if record else [], retry_after_s=retry,
-                lane="triage" if triage else None,
-                lease_id=resident.lease.lease_id if resident and resident.lease else None,
-                lease_bytes=resident.lease.memory if resident and resident.lease else None,
-                cgroup=resident.cgroup if resident else None))
+        workers = self.residency.report(time.monotonic())
         info = next((r.worker.system_info for r in self.models.values() if r.worker.system_info),
                     None)
         return {
@@ -867,7 +591,7 @@ class RuntimeService(Runtime1):
 
     async def aclose(self) -> None:
         """Stop every worker and drop spilled state."""
-        for session in self.table:
-            self.table.remove(session.session_id)
-        await asyncio.to_thread(self.spill.clear)
+        for session in self.seats:
+            self.seats.table.remove(session.session_id)
+        await asyncio.to_thread(self.seats.spill.clear)
         await self.residency.close()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 FACE = ("syntrop.runtimed.service", "syntrop.runtimed.residency", "syntrop.runtimed.supervisor",
-        "syntrop.runtimed.checks", "syntrop.runtimed.streams")
+        "syntrop.runtimed.seats", "syntrop.runtimed.checks", "syntrop.runtimed.streams")
 
 
 def loaded_after(statement: str, names: tuple[str, ...]) -> list[str]:
@@ -21,5 +21,5 @@ def test_the_face_never_loads_llama_cpp() -> None:
 
 
 def test_the_worker_side_never_imports_the_face() -> None:
-    statement = "import syntrop.runtimed.worker, syntrop.runtimed.worker.host"
+    statement = "import syntrop.runtimed.worker.loop, syntrop.runtimed.worker.host"
     assert loaded_after(statement, FACE) == []
