@@ -1,4 +1,5 @@
 """Acceptance of routerd: the official OpenAI Python client, unmodified,
+(and Anthropic's, on /v1/messages)
 does chat, streaming chat, embeddings and model listing through routerd
 (socket-activated) to runtimed's SmolLM2; curl streams server-sent events;
 /metrics answers the Prometheus text format."""
@@ -477,3 +478,81 @@ def test_a_repeated_prefix_is_reported_as_cached_tokens(node: Node) -> None:
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert cached is not None and again.usage.prompt_tokens // 2 < cached < \
         again.usage.prompt_tokens, again.usage
+
+
+# Anthropic's Messages API (POST /v1/messages) with its official client ---------
+
+#: The client has no sampling parameters; the API's temperature still works.
+GREEDY = {"temperature": 0}
+
+
+def _anthropic(node: Node) -> Any:
+    anthropic = pytest.importorskip("anthropic", reason="pip install -e '.[test]'")
+    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{node.port}", api_key="unused",
+                               timeout=120, max_retries=0)
+
+
+def test_anthropic_messages_answer_with_text_and_usage(node: Node) -> None:
+    message = _anthropic(node).messages.create(
+        model="smollm2", max_tokens=24, extra_body=GREEDY, system="You answer briefly.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_") and message.model == "smollm2"
+    assert [block.type for block in message.content] == ["text"]
+    assert message.content[0].text.strip()
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.input_tokens > 5 and 0 < message.usage.output_tokens <= 24
+
+
+def test_anthropic_streaming_gives_the_same_text_as_its_final_message(node: Node) -> None:
+    client = _anthropic(node)
+    asked = [{"role": "user", "content": "Count from one to five."}]
+    with client.messages.stream(model="smollm2", max_tokens=24, extra_body=GREEDY,
+                                messages=asked) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(pieces) > 1  # token by token, not one lump
+    assert "".join(pieces) == final.content[0].text
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0
+    whole = client.messages.create(model="smollm2", max_tokens=24, extra_body=GREEDY,
+                                   messages=asked)
+    assert whole.content[0].text == final.content[0].text  # greedy: the same answer
+
+
+def test_anthropic_tool_use_and_its_result_go_round(node: Node) -> None:
+    import jsonschema
+
+    client = _anthropic(node)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    asked: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    called = client.messages.create(model="smollm2", max_tokens=64, tools=tools,
+                                    tool_choice={"type": "tool", "name": "get_weather"},
+                                    messages=asked)
+    uses = [block for block in called.content if block.type == "tool_use"]
+    assert called.stop_reason == "tool_use" and len(uses) == 1
+    assert uses[0].name == "get_weather" and uses[0].id
+    jsonschema.validate(uses[0].input, SCHEMAS["get_weather"])
+    answered = client.messages.create(
+        model="smollm2", max_tokens=32, tools=tools, tool_choice={"type": "none"},
+        messages=[*asked, {"role": "assistant", "content": called.content},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                                "content": "Rain, 4 degrees."}]}])
+    assert [block.type for block in answered.content] == ["text"]
+    assert answered.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_anthropic_errors_are_typed_by_the_client(node: Node) -> None:
+    import anthropic
+
+    client = _anthropic(node)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="no-such-model", max_tokens=4,
+                               messages=[{"role": "user", "content": "Hi"}])
+    body = missing.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError, match="not supported"):
+        client.messages.create(model="smollm2", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])

@@ -454,7 +454,7 @@ class Gateway:
         is served by this node's own providers)."""
         path = path.partition("?")[0]
         response = await self._handle(method, path, body, traffic, forwarded)
-        known = path in ENDPOINTS or path in ("/v1/models", "/health")
+        known = path in ENDPOINTS or path in ("/v1/models", "/health", "/v1/messages")
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
                path if known else "other",
                response.status)
@@ -476,6 +476,11 @@ class Gateway:
                             "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             return await self._models(method, path)
+        if path == "/v1/messages":
+            from syntrop.routerd.anthropic import messages
+
+            return await messages(method, body, lambda chat: self._handle(
+                method, "/v1/chat/completions", chat, traffic, forwarded))
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")

@@ -215,7 +215,8 @@ class HTTPServer:
 
     def _authorized(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         """Whether a request may pass when API keys are configured: it bears
-        one (Authorization: Bearer KEY, compared in constant time), asks for
+        one (Authorization: Bearer KEY, or X-Api-Key: KEY as Anthropic's
+        clients send it; compared in constant time), asks for
         /health only, or came over mutual TLS (a LAN peer's certificate
         already said who it is)."""
         if request.target.partition(b"?")[0] == b"/health" or \
@@ -228,9 +229,13 @@ class HTTPServer:
                 if scheme.lower() != b"bearer":
                     return False
                 presented = token.strip()
-                # Every key compared, so the time says nothing of which matched.
-                return sum(hmac.compare_digest(presented, key.encode())
-                           for key in self.config.api_keys) > 0
+            elif name == b"x-api-key":  # how Anthropic's clients send theirs
+                presented = value.strip()
+            else:
+                continue
+            # Every key compared, so the time says nothing of which matched.
+            return sum(hmac.compare_digest(presented, key.encode())
+                       for key in self.config.api_keys) > 0
         return False
 
     async def _next_request(self, parser: RequestReader, reader: asyncio.StreamReader,
