@@ -420,7 +420,8 @@ def test_openai_fields_pass_through_to_a_remote_provider_unchanged(router: Route
 
 def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
     """With http.api_keys_file: no key, a wrong key or another scheme is a
-    401 in OpenAI's shape (and WWW-Authenticate), a listed key passes (here
+    401 in OpenAI's shape (and WWW-Authenticate), a listed key passes, as
+    a bearer token or X-Api-Key (here
     to a 404: no provider), /health needs none; the official client agrees."""
     import openai
 
@@ -443,7 +444,8 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
 
             for headers in ({}, {"authorization": "Bearer sk-wrong"},
                             {"authorization": "Basic c2stZmlyc3Q="},
-                            {"authorization": "Bearer "}):
+                            {"authorization": "Bearer "}, {"x-api-key": "sk-wrong"},
+                            {"x-api-key": ""}):
                 status, answer, challenge = post(headers)
                 assert status == 401, headers
                 assert answer["error"]["code"] == "invalid_api_key"
@@ -452,6 +454,9 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
             for key in ("sk-first", "sk-second"):
                 status, answer, _ = post({"authorization": f"Bearer {key}"})
                 assert status == 404 and answer["error"]["code"] == "model_not_found"
+            # Anthropic's clients send theirs as X-Api-Key.
+            status, answer, _ = post({"x-api-key": "sk-second"})
+            assert status == 404 and answer["error"]["code"] == "model_not_found"
             assert router.request("GET", "/health")[0] == 200
             base = f"http://127.0.0.1:{router.port}/v1"
             with pytest.raises(openai.AuthenticationError):
