@@ -556,3 +556,29 @@ def test_anthropic_errors_are_typed_by_the_client(node: Node) -> None:
         client.messages.create(model="smollm2", max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "image", "source": {
                 "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+
+
+def test_rerank_orders_documents_by_embedding_similarity(node: Node) -> None:
+    """/v1/rerank in llama-server's shape, scored by the cosine of
+    SmolLM2's embeddings: a document equal to the query ranks first."""
+    import httpx
+
+    query = "How do I restart a failed systemd service?"
+    documents = ["Bananas are rich in potassium.", query,
+                 "The stock market closed higher on Friday."]
+    for path in ("/v1/rerank", "/rerank"):
+        response = httpx.post(f"http://127.0.0.1:{node.port}{path}", timeout=120, json={
+            "model": "smollm2", "query": query, "documents": documents, "top_n": 2,
+            "return_documents": True})
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["model"] == "smollm2 (embedding cosine)"
+        results = answer["results"]
+        assert len(results) == 2
+        assert results[0]["index"] == 1 and results[0]["document"]["text"] == query
+        assert results[0]["relevance_score"] == pytest.approx(1.0, abs=1e-4)
+        assert results[0]["relevance_score"] >= results[1]["relevance_score"]
+        assert answer["usage"]["prompt_tokens"] > 0
+    bad = httpx.post(f"http://127.0.0.1:{node.port}/v1/rerank", timeout=10,
+                     json={"model": "smollm2", "query": query})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"

@@ -48,6 +48,8 @@ REDISCOVER_INTERVAL = 2.0
 #: it sooner: the first reply of a cold start (a Varlink call, /health)
 #: goes out before the provider clients are imported and asked.
 START_DISCOVERY_DELAY = 0.2
+#: Where rerank is asked for (llama-server's four spellings).
+RERANK_PATHS = frozenset({"/v1/rerank", "/rerank", "/v1/reranking", "/reranking"})
 
 
 class Gateway:
@@ -454,7 +456,8 @@ class Gateway:
         is served by this node's own providers)."""
         path = path.partition("?")[0]
         response = await self._handle(method, path, body, traffic, forwarded)
-        known = path in ENDPOINTS or path in ("/v1/models", "/health", "/v1/messages")
+        known = path in ENDPOINTS or path in RERANK_PATHS or \
+            path in ("/v1/models", "/health", "/v1/messages")
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
                path if known else "other",
                response.status)
@@ -476,11 +479,8 @@ class Gateway:
                             "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             return await self._models(method, path)
-        if path == "/v1/messages":
-            from syntrop.routerd.anthropic import messages
-
-            return await messages(method, body, lambda chat: self._handle(
-                method, "/v1/chat/completions", chat, traffic, forwarded))
+        if path in RERANK_PATHS or path == "/v1/messages":
+            return await self._translated(method, path, body, traffic, forwarded)
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")
@@ -527,6 +527,20 @@ class Gateway:
             if stream is None:
                 self.admission.leave(traffic)
                 self.changed()
+
+    async def _translated(self, method: str, path: str, body: bytes, traffic: str,
+                          forwarded: bool) -> Response:
+        """Rerank and Anthropic's Messages: other APIs, translated onto
+        embeddings and chat (routed as those are)."""
+        if path in RERANK_PATHS:
+            from syntrop.routerd.rerank import rerank
+
+            return await rerank(method, body, lambda asked: self._handle(
+                method, "/v1/embeddings", asked, traffic, forwarded))
+        from syntrop.routerd.anthropic import messages
+
+        return await messages(method, body, lambda chat: self._handle(
+            method, "/v1/chat/completions", chat, traffic, forwarded))
 
     async def _models(self, method: str, path: str) -> Response:
         """GET /v1/models and /v1/models/{id}: every provider's, and the aliases."""
