@@ -2,10 +2,12 @@
 against a real inferenced, modeld and runtimed, socket-activated: the lease
 names the worker's pid and the model's real need, the triage lane has a
 worker and an EmergencyTriage lease of its own, unloading releases both,
-and a model larger than the plane is refused with a declared error naming
-the plane. (Freezing a worker's own cgroup needs systemd's delegation: the
-system tier shows that.)"""
+a model larger than the plane is refused with a declared error naming the
+plane, and GetEngine reports the placement each worker applied. (Freezing
+a worker's own cgroup needs systemd's delegation: the system tier shows
+that.)"""
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -83,6 +85,19 @@ def test_a_resident_model_holds_a_lease_of_its_real_need(node: dict[str, Activat
     while leases(node["inferenced"]):
         assert time.monotonic() < deadline, leases(node["inferenced"])
         time.sleep(0.05)
+
+
+def test_a_loaded_model_reports_the_placement_it_runs_with(node: dict[str, Activated]) -> None:
+    # This host has no GPU: the CPU lease's placement, every layer on the
+    # host, unpinned (inferenced's CPU plane names no NUMA node), threads
+    # as free when the worker loaded the model.
+    generate(node["runtimed"])
+    (worker,) = call(node["runtimed"], RUNTIME, "GetEngine")["workers"]
+    placed = worker["placement"]
+    assert (placed["n_gpu_layers"], placed["split_mode"], placed["main_gpu"]) == (0, "none", 0)
+    assert placed.get("tensor_split") is None and placed.get("cpu_affinity") is None
+    assert 0 < placed["n_threads"] <= (os.cpu_count() or 1)
+    assert placed["why"].startswith("CPU lease on cpu: all 30 layers on the host; not pinned")
 
 
 def test_a_model_larger_than_the_plane_is_refused_naming_it(tmp_path: Path) -> None:

@@ -331,6 +331,34 @@ class EngineVariant:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EnginePlacement:
+    """Where a worker's engine runs, as it applied its model's placement
+    (from the model's lease) at load.
+
+    Fields:
+        n_gpu_layers: Layer slots on GPUs (llama.cpp's n_gpu_layers): 0 for
+            the CPU only, the layer count + 1 for the whole model.
+        split_mode: How several GPUs share it: none, layer or row.
+        main_gpu: The main GPU's device number.
+        tensor_split: Each GPU's share, by device number; null with one
+            device or none.
+        n_threads: Threads a context loaded then took: the cores free
+            (at most the pinned ones).
+        cpu_affinity: The CPUs the worker is pinned to; null when it is not
+            pinned.
+        why: The placement in words.
+    """
+
+    n_gpu_layers: int
+    split_mode: str
+    main_gpu: int
+    tensor_split: list[float] | None
+    n_threads: int
+    cpu_affinity: list[int] | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineWorker:
     """A model's engine worker process, or the last one of a model whose
     worker crashed.
@@ -358,6 +386,8 @@ class EngineWorker:
         cgroup: Its own cgroup, which preemption freezes; null where
             runtimed's cgroup is not delegated to it (then it is never
             frozen).
+        placement: Where its engine runs, from its lease; null when none
+            runs.
     """
 
     model: str
@@ -374,6 +404,7 @@ class EngineWorker:
     lease_id: str | None = None
     lease_bytes: int | None = None
     cgroup: str | None = None
+    placement: EnginePlacement | None = None
 
 
 class OpenSessionResult(TypedDict):

@@ -91,13 +91,16 @@ class Leases:
         self.socket = os.fspath(socket)
         self._plane: str | None = None
         self._warned = False
+        #: GetTopology's planes (ComputePlane: id, kind), once asked.
+        self.planes: list[Any] = []
 
     async def _plane_id(self, inference: Any) -> str:
-        """The CPU plane: where runtimed's workers compute today (GPU layers
-        are placement's, with leases on GPU planes, later)."""
+        """The CPU plane: where runtimed's leases are taken today (placing.py
+        places a lease on any plane; asking for GPU planes is still to come)."""
         if self._plane is None:
             topology = await inference.GetTopology()
-            planes = [p for p in topology["planes"] if p.kind == "cpu"]
+            self.planes = list(topology["planes"])
+            planes = [p for p in self.planes if p.kind == "cpu"]
             self._plane = planes[0].id if planes else "cpu"
         return self._plane
 

@@ -67,6 +67,46 @@ class Settings:
         return cls(**json.loads(text))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placed:
+    """Where a model's engine runs, as the face placed it from the model's
+    lease (placement.py) and sends it with `load`: llama.cpp's device
+    settings, the most threads a context takes (0: no cap beyond the cores
+    free at its load) and the CPUs the worker is pinned to (None: not
+    pinned), and why, in a line."""
+
+    n_gpu_layers: int = 0
+    #: llama.cpp's enum llama_split_mode: 0 none, 1 layer, 2 row.
+    split_mode: int = 0
+    main_gpu: int = 0
+    #: Shares per device number (None: one device or none).
+    tensor_split: tuple[float, ...] | None = None
+    n_threads: int = 0
+    cpu_affinity: tuple[int, ...] | None = None
+    why: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> "Placed":
+        split, affinity = value.get("tensor_split"), value.get("cpu_affinity")
+        return cls(**{**value, "tensor_split": None if split is None else tuple(split),
+                      "cpu_affinity": None if affinity is None else tuple(affinity)})
+
+    def llama_kwargs(self, threads: int) -> dict[str, Any]:
+        """Keyword arguments of llama_cpp.Llama for a context of `threads`
+        threads (the placement's cap applied)."""
+        if self.n_threads:
+            threads = min(threads, self.n_threads)
+        kwargs: dict[str, Any] = {"n_gpu_layers": self.n_gpu_layers,
+                                  "split_mode": self.split_mode, "main_gpu": self.main_gpu,
+                                  "n_threads": threads, "n_threads_batch": threads}
+        if self.tensor_split is not None:
+            kwargs["tensor_split"] = list(self.tensor_split)
+        return kwargs
+
+
 # face -> worker
 
 

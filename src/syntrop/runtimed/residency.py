@@ -31,11 +31,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from syntrop.interfaces.runtime import (
     EngineCrashed,
     EngineFailing,
+    EnginePlacement,
     EngineWorker,
     InsufficientMemory,
     ModelNotFound,
@@ -45,11 +46,13 @@ from syntrop.runtimed import leases
 from syntrop.runtimed.config import Config
 from syntrop.runtimed.layout import CELLS, Board
 from syntrop.runtimed.models import WeightsDiffer, open_in_modeld, verified
+from syntrop.runtimed.placement import SPLIT_MODES
 from syntrop.runtimed.supervisor import Exit, WorkerGone, WorkerProcess
 from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
     from syntrop.runtimed.cpu import Choice
+    from syntrop.runtimed.protocol import Placed
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,10 @@ BACKOFF_MAX = 10.0
 #: The lane of sentry's EmergencyTriage requests: a worker of its own per
 #: model, keyed `name + TRIAGE` (a space: no model name has one).
 TRIAGE = " (triage)"
+
+
+#: llama.cpp's split modes by number.
+SPLIT_NAMES = {number: name for name, number in SPLIT_MODES.items()}
 
 
 #: How much nicer than the triage lane's worker every other worker runs: a
@@ -84,6 +91,31 @@ def lane_of(key: str) -> tuple[str, bool]:
 def check_name(name: str, parameter: str = "model") -> None:
     if not name or len(name) > MAX_NAME or "\0" in name:
         raise InvalidParameter(parameter=parameter)
+
+
+def engine_placement(applied: dict[str, Any] | None) -> EnginePlacement | None:
+    """GetEngine's placement of a worker, from what it applied."""
+    if not applied:
+        return None
+    split, affinity = applied.get("tensor_split"), applied.get("cpu_affinity")
+    return EnginePlacement(
+        n_gpu_layers=int(applied["n_gpu_layers"]),
+        split_mode=SPLIT_NAMES.get(int(applied["split_mode"]), str(applied["split_mode"])),
+        main_gpu=int(applied["main_gpu"]),
+        tensor_split=None if split is None else [float(x) for x in split],
+        n_threads=int(applied["n_threads"]),
+        cpu_affinity=None if affinity is None else [int(x) for x in affinity],
+        why=str(applied.get("why", "")))
+
+
+def placed_line(applied: dict[str, Any] | None) -> str:
+    """The placement applied, in the load's log line."""
+    placed = engine_placement(applied)
+    if placed is None:
+        return "not reported"
+    return (f"n_gpu_layers {placed.n_gpu_layers}, split {placed.split_mode}, main_gpu "
+            f"{placed.main_gpu}, tensor_split {placed.tensor_split}, {placed.n_threads} "
+            f"threads, affinity {placed.cpu_affinity} ({placed.why})")
 
 
 def crashed(model: str, gone: WorkerGone) -> EngineCrashed:
@@ -121,6 +153,9 @@ class Resident:
     need: int = 0
     #: The worker's own cgroup (None: it shares runtimed's).
     cgroup: str | None = None
+    #: Where its engine runs, as the worker applied it (protocol.Placed's
+    #: fields, n_threads as a context loaded then got them).
+    placement: dict[str, Any] | None = None
 
     def hold(self) -> None:
         """A request or session uses the model: no unloading meanwhile."""
@@ -189,10 +224,11 @@ class Residency:
             resident = await self._load(name, triage)
             resident.hold()
             self.models[at] = resident
-            logger.info("loaded %s (sha256 %s) in engine worker %d%s", at, resident.digest,
-                        resident.worker.pid,
+            logger.info("loaded %s (sha256 %s) in engine worker %d%s; placed: %s", at,
+                        resident.digest, resident.worker.pid,
                         f", lease {resident.lease.lease_id} ({resident.need} bytes on "
-                        f"{resident.lease.plane})" if resident.lease else ", unleased")
+                        f"{resident.lease.plane})" if resident.lease else ", unleased",
+                        placed_line(resident.placement))
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = asyncio.create_task(self._keep_alive())
             return resident
@@ -253,14 +289,19 @@ class Residency:
         try:
             # The triage lane serves one request at a time: one context.
             slots = 1 if triage else self.config.slots
-            need = await self._need(fd, size, slots)
+            metadata = await self._header(fd)
+            need = leases.need_bytes(size, metadata, n_ctx=self.config.n_ctx, slots=slots)
             worker = await self._start(key(name, triage), slots)
             resident = Resident(name=name, digest=digest, size=size, worker=worker,
                                 triage=triage, need=need)
             try:
                 resident.cgroup = self.cgroups.place(worker.pid)
                 resident.lease = await self._lease(resident)
-                await worker.request("load", {"name": name}, [fd], label="load")
+                placed = self._place(resident, metadata, slots)
+                loaded = await worker.request("load", {"name": name,
+                                                       "placement": placed.to_wire()},
+                                              [fd], label="load")
+                resident.placement = loaded.get("placement")
             except BaseException:
                 await worker.stop()
                 self._let_go(resident)
@@ -273,17 +314,27 @@ class Residency:
             os.close(fd)
         return resident
 
-    async def _need(self, fd: int, size: int, slots: int) -> int:
-        """Bytes the model behind `fd` needs resident (leases.need_bytes)."""
+    async def _header(self, fd: int) -> dict[str, Any]:
+        """The GGUF metadata of the model behind `fd` (empty when it has
+        none: the engine says what is wrong with it, at load)."""
         from syntrop import modelfile
 
         try:
             info = await asyncio.to_thread(modelfile.read_fd, fd)
         except (modelfile.InvalidModel, OSError):
-            metadata = {}  # the engine says what is wrong with it, at load
-        else:
-            metadata = dict(info.metadata)
-        return leases.need_bytes(size, metadata, n_ctx=self.config.n_ctx, slots=slots)
+            return {}
+        return dict(info.metadata)
+
+    def _place(self, resident: Resident, metadata: dict[str, Any], slots: int) -> "Placed":
+        """Where `resident`'s engine runs: its lease placed (placing.py)."""
+        from syntrop.runtimed import placing
+        from syntrop.runtimed.placement import Grant
+
+        held = resident.lease
+        return placing.for_lease(
+            Grant.single(held.plane, held.memory) if held is not None else None, metadata,
+            resident.size, n_ctx=self.config.n_ctx, slots=slots,
+            planes=self.leases.planes if self.leases is not None else [])
 
     async def _lease(self, resident: Resident) -> leases.Held | None:
         """The lease of `resident`'s memory for its worker; when refused,
@@ -384,7 +435,8 @@ class Residency:
                 lane="triage" if triage else None,
                 lease_id=resident.lease.lease_id if resident and resident.lease else None,
                 lease_bytes=resident.lease.memory if resident and resident.lease else None,
-                cgroup=resident.cgroup if resident else None))
+                cgroup=resident.cgroup if resident else None,
+                placement=engine_placement(resident.placement) if resident else None))
         return workers
 
     def keep_alive_left(self, resident: Resident, now: float) -> float | None:

@@ -178,6 +178,8 @@ class WorkerProcess:
         process has ended (its exit, and the calls it took down)."""
         ours, theirs = channel.pair()
         env = dict(os.environ)
+        # placement.py numbers GPUs in PCI order: so does a GPU backend then.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         env.update(SYNTROP_WORKER_FD=str(theirs.fileno()), SYNTROP_ENGINE=engine,
                    SYNTROP_WORKER=protocol.Settings(**settings, model=model, board=board,
                                                     cell=cell, parent=os.getpid()).to_json())

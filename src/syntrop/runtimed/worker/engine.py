@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.protocol import KV_TYPES, Options
+from syntrop.runtimed.protocol import KV_TYPES, Options, Placed
 from syntrop.runtimed.sampling import MAX_SEED, Params, StopScanner
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.logprobs import Entry, Scorer
@@ -166,6 +166,34 @@ class Output:
             self._send("")
 
 
+def llama_kwargs(fd: int, options: Options, placed: Placed, *, free: int,
+                 vocab_only: bool = False) -> dict[str, Any]:
+    """llama_cpp.Llama's keyword arguments for a context of `options` on
+    the model behind `fd`, where `placed` puts it: its device settings (a
+    context asking for fewer GPU layers gets fewer, never more), and
+    threads: the context's own count, else `free` (the cores free now,
+    cpu.threads_now), at most the placement's."""
+    n_gpu_layers = placed.n_gpu_layers
+    if options.n_gpu_layers:
+        n_gpu_layers = min(n_gpu_layers, options.n_gpu_layers)
+    return {
+        "model_path": f"/proc/self/fd/{fd}",
+        "n_ctx": options.n_ctx,
+        "n_batch": options.n_batch,
+        **placed.llama_kwargs(max(1, options.n_threads or free)),
+        "n_gpu_layers": n_gpu_layers,
+        "flash_attn": options.flash_attn or options.kv_cache_type != "f16",
+        "type_k": KV_TYPES[options.kv_cache_type],
+        "type_v": KV_TYPES[options.kv_cache_type],
+        "embedding": options.embedding,
+        # Mean pooling (1): one vector per text even for causal models;
+        # otherwise the model's own (-1, unspecified).
+        "pooling_type": 1 if options.embedding else -1,
+        "vocab_only": vocab_only,
+        "verbose": False,
+    }
+
+
 class Engine:
     """One loaded llama.cpp model and context."""
 
@@ -184,37 +212,25 @@ class Engine:
         self._threads = threads
 
     @classmethod
-    def load(cls, fd: int, options: Options, *, vocab_only: bool = False) -> "Engine":
-        """Load the model behind `fd` (kept open by the caller); with
-        `vocab_only`, its vocabulary and metadata only: a context that
-        tokenizes and renders chats, and cannot decode."""
+    def load(cls, fd: int, options: Options, *, vocab_only: bool = False,
+             placed: Placed | None = None) -> "Engine":
+        """Load the model behind `fd` (kept open by the caller) where
+        `placed` says (None: the CPU, threads as free); with `vocab_only`,
+        its vocabulary and metadata only: a context that tokenizes and
+        renders chats, and cannot decode."""
         from llama_cpp import Llama
 
         from syntrop.runtimed.cpu import ready, threads_now
 
         ready()
-        threads = options.n_threads or threads_now()
+        kwargs = llama_kwargs(fd, options, placed or Placed(),
+                              free=0 if options.n_threads else threads_now(),
+                              vocab_only=vocab_only)
         try:
-            llama = Llama(
-                model_path=f"/proc/self/fd/{fd}",
-                n_ctx=options.n_ctx,
-                n_batch=options.n_batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_gpu_layers=options.n_gpu_layers,
-                flash_attn=options.flash_attn or options.kv_cache_type != "f16",
-                type_k=KV_TYPES[options.kv_cache_type],
-                type_v=KV_TYPES[options.kv_cache_type],
-                embedding=options.embedding,
-                # Mean pooling (1): one vector per text even for causal
-                # models; otherwise the model's own (-1, unspecified).
-                pooling_type=1 if options.embedding else -1,
-                vocab_only=vocab_only,
-                verbose=False,
-            )
+            llama = Llama(**kwargs)
         except (ValueError, RuntimeError, OSError) as error:
             raise LoadError(str(error) or type(error).__name__) from None
-        return cls(llama, threads)
+        return cls(llama, int(kwargs["n_threads"]))
 
     def use_threads(self, threads: int) -> None:
         """Decode and prefill with `threads` threads from now on."""

@@ -17,10 +17,11 @@ cancels the call.
 """
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,7 +38,7 @@ from syntrop.interfaces.runtime import (
 from syntrop.prefix import reported
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.protocol import Options
+from syntrop.runtimed.protocol import Options, Placed
 from syntrop.runtimed.sampling import Params
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Output, Overflow
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
@@ -140,6 +141,14 @@ def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
         raise InvalidSampling(parameter="reasoning_budget", reason=error.reason) from None
 
 
+def pin(cpus: Sequence[int]) -> None:
+    """Pin every thread of this process (and so the threads they start)
+    to `cpus`."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended
+            os.sched_setaffinity(int(task), cpus)
+
+
 class Host:
     """One model's contexts, batch, drafts and sessions in this worker."""
 
@@ -156,12 +165,30 @@ class Host:
 
     # models -------------------------------------------------------------------
 
-    def load(self, name: str, fd: int) -> dict[str, Any]:
+    def load(self, name: str, fd: int, placed: Placed | None = None) -> dict[str, Any]:
+        """The worker's model, its contexts where `placed` says: the worker
+        pinned to its CPUs, if it names them, and no context or batch with
+        more threads than it allows. Answers the placement applied, its
+        threads as a context loaded now gets them."""
         if self.model is not None:
             os.close(fd)
             raise InvalidParameter(parameter="model")
-        self.model = Pool.open(name, fd)
-        return {}
+        placed = placed or Placed()
+        if placed.cpu_affinity:
+            try:
+                pin(placed.cpu_affinity)
+            except OSError as error:  # CPUs outside this cgroup's cpuset
+                logger.warning("not pinned to CPUs %s: %s", list(placed.cpu_affinity), error)
+                placed = dataclasses.replace(placed, cpu_affinity=None,
+                                             why=f"{placed.why}; not pinned: {error}")
+        if placed.n_threads:
+            self.n_threads = min(self.n_threads, placed.n_threads)
+            self.pace.cpus = min(self.pace.cpus, placed.n_threads)
+        self.model = Pool.open(name, fd, placed)
+        from syntrop.runtimed.cpu import threads_now
+
+        kwargs = placed.llama_kwargs(threads_now())
+        return {"placement": {**placed.to_wire(), "n_threads": kwargs["n_threads"]}}
 
     def load_draft(self, name: str, fd: int) -> dict[str, Any]:
         with self._loading_draft:  # two first uses at once load it once
@@ -309,7 +336,8 @@ class Host:
                     pool.batch_engine.close()
                     pool.batch_engine = None
                 try:
-                    engine = Engine.load(pool.fd, Options(n_ctx=64, n_batch=64, n_threads=1))
+                    engine = Engine.load(pool.fd, Options(n_ctx=64, n_batch=64, n_threads=1),
+                                         placed=pool.placed)
                     try:
                         batcher = Batcher(engine.llama, n_seq=self.slots,
                                           n_ctx_seq=options.n_ctx,
@@ -395,7 +423,7 @@ class Host:
         with the context closed, when the adapter does not fit)."""
         pool = self._pool()
         try:
-            engine = Engine.load(pool.fd, seat.options)
+            engine = Engine.load(pool.fd, seat.options, placed=pool.placed)
         except LoadError as error:
             raise InvalidModel(model=pool.name, reason=error.reason) from None
         if seat.lora_fd is not None:

@@ -208,8 +208,11 @@ class Loop:
         if op in ("load", "draft"):
             if len(fds) != 1:
                 raise ValueError(f"{op}: one descriptor expected")
-            load = host.load if op == "load" else host.load_draft
-            return load(str(args["name"]), fds[0]), []
+            if op == "draft":
+                return host.load_draft(str(args["name"]), fds[0]), []
+            placed = args.get("placement")
+            return host.load(str(args["name"]), fds[0],
+                             protocol.Placed.from_wire(placed) if placed else None), []
         if op == "save":
             result, out = host.save(args)
             return result, out

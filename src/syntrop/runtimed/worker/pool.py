@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syntrop.interfaces.runtime import InvalidModel
-from syntrop.runtimed.protocol import Options
+from syntrop.runtimed.protocol import Options, Placed
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.engine import Engine, LoadError
 
@@ -70,12 +70,15 @@ class Pool:
     batch_engine: Engine | None = None
     #: SHA-256 over the vocabulary (speculative.vocabulary_digest), once.
     vocabulary: str | None = None
+    #: Where its contexts run (the face's placement; None: the CPU).
+    placed: Placed | None = None
     _tokenizer: Engine | None = None
 
     @classmethod
-    def open(cls, name: str, fd: int) -> "Pool":
+    def open(cls, name: str, fd: int, placed: Placed | None = None) -> "Pool":
         """Take ownership of `fd` once llama.cpp has loaded it (a non-GGUF or
-        truncated file is InvalidModel); closes `fd` on failure."""
+        truncated file is InvalidModel); closes `fd` on failure. The check
+        loads it on the CPU; its contexts go where `placed` says."""
         try:
             probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
         except LoadError as error:
@@ -85,7 +88,7 @@ class Pool:
             os.close(fd)
             raise
         probe.close()
-        return cls(name=name, fd=fd)
+        return cls(name=name, fd=fd, placed=placed)
 
     def tokenizer(self) -> Engine:
         """The model's vocabulary, loaded once: it tokenizes prompts (and
@@ -124,7 +127,7 @@ class Pool:
                 self.busy[id(engine)] = (options, tokens or [], stop, budget)
                 return engine
         try:
-            engine = Engine.load(self.fd, options)
+            engine = Engine.load(self.fd, options, placed=self.placed)
         except BaseException as error:
             with self.lock:
                 self.made[options] -= 1
