@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a fleet adds to routing a request: Gateway.route for a model that
+"""What a fleet adds to routing a request: Router.route for a model that
 3 and 10 fleet members serve (their peer providers, as fleet.py makes them
 from etcd records), against the same gateway with the same number of static
 peers in routerd.toml (the baseline, same run). In process, no I/O: the
@@ -32,7 +32,7 @@ def _gateway(root: Path, static: int) -> Gateway:
                                  endpoint=f"http://10.0.0.{i + 1}:32768/v1", models=("m",))
                   for i in range(static))
     gateway = Gateway(Config(listen=(), providers=peers), paths)
-    gateway.pressure.high = lambda: False  # type: ignore[method-assign]
+    gateway.offload.pressure.high = lambda: False  # type: ignore[method-assign]
     return gateway
 
 
@@ -41,7 +41,7 @@ async def _nothing() -> dict[str, object]:
 
 
 def _timed(gateway: Gateway, requests: int) -> list[float]:
-    route = gateway.route
+    route = gateway.router.route
     samples = []
     for _ in range(requests):
         started = time.perf_counter_ns()
@@ -60,7 +60,7 @@ def run(requests: int) -> list[tuple[int, float, float, float, float]]:
             fleet_gateway = _gateway(root, 0)
             fleet = Fleet(FleetConfig(etcd=("http://127.0.0.1:1",), node="self",
                                       advertise="http://self:1/v1"),
-                          fleet_gateway.set_fleet, _nothing)
+                          fleet_gateway.registry.set_fleet, _nothing)
             for i in range(members):
                 fleet._apply(f"/syntrop/fleet/nodes/n{i}",
                              f'{{"endpoint": "http://10.0.0.{i + 1}:32768/v1", '

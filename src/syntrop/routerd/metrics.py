@@ -3,9 +3,10 @@
 
 from typing import Protocol
 
-from syntrop.routerd.pressure import Pressure
+from syntrop.routerd.offload import Offload
 from syntrop.routerd.queues import Admission
-from syntrop.routerd.scoring import Breaker, Health
+from syntrop.routerd.registry import Registry
+from syntrop.routerd.routing import Router
 
 
 class Counted(Protocol):
@@ -13,15 +14,11 @@ class Counted(Protocol):
 
     answered: dict[tuple[str, int], int]
     requests_total: int
-    routing_errors: int
     continuations: int
-    attempts: dict[tuple[str, str], int]
-    health: dict[str, Health]
-    breakers: dict[tuple[str, str], Breaker]
     admission: Admission
-    pressure: Pressure
-
-    def throttled(self) -> bool: ...
+    registry: Registry
+    offload: Offload
+    router: Router
 
 
 def _label(value: str) -> str:
@@ -29,6 +26,7 @@ def _label(value: str) -> str:
 
 
 def render(gateway: Counted) -> str:
+    registry, offload, router = gateway.registry, gateway.offload, gateway.router
     from syntrop.system.process import rss_bytes
 
     lines: list[str] = []
@@ -48,30 +46,30 @@ def render(gateway: Counted) -> str:
            [({}, gateway.requests_total)])
     metric("routerd_routing_errors_total", "counter",
            "Model requests answered with a routing or upstream error.",
-           [({}, gateway.routing_errors)])
+           [({}, router.routing_errors)])
     metric("routerd_stream_continuations_total", "counter",
            "Streams continued on another provider after a failure mid-stream.",
            [({}, gateway.continuations)])
     metric("routerd_provider_attempts_total", "counter",
            "Requests sent to a provider, by outcome.",
-           [({"provider": p, "outcome": o}, n) for (p, o), n in sorted(gateway.attempts.items())])
-    now_status = {p: h.status() for p, h in gateway.health.items()}
+           [({"provider": p, "outcome": o}, n) for (p, o), n in sorted(router.attempts.items())])
+    now_status = {p: h.status() for p, h in registry.health.items()}
     metric("routerd_provider_up", "gauge", "1 unless the provider is cooling after failures.",
            [({"provider": p}, 0 if s == "cooling" else 1) for p, s in now_status.items()])
     metric("routerd_provider_latency_ms", "gauge",
            "Latency EWMA to the answer or first chunk, milliseconds.",
-           [({"provider": p}, h.latency_ms) for p, h in gateway.health.items()
+           [({"provider": p}, h.latency_ms) for p, h in registry.health.items()
             if h.latency_ms is not None])
     metric("routerd_breakers_open", "gauge", "(provider, model) circuit breakers not closed.",
-           [({}, sum(1 for b in gateway.breakers.values() if b.failures))])
+           [({}, sum(1 for b in registry.breakers.values() if b.failures))])
     metric("routerd_inflight", "gauge", "Requests at providers now, by queue.",
            [({"queue": k}, v) for k, v in gateway.admission.busy.items()])
     metric("routerd_queued", "gauge", "Requests waiting for a slot, by queue.",
            [({"queue": k}, len(v)) for k, v in gateway.admission.waiting.items()])
     metric("routerd_memory_pressure_some", "gauge", "Host memory PSI some avg10, percent.",
-           [({}, gateway.pressure.memory_some())])
+           [({}, offload.pressure.memory_some())])
     metric("routerd_local_throttled", "gauge", "1 while local work is offloaded.",
-           [({}, 1 if gateway.throttled() else 0)])
+           [({}, 1 if offload.throttled() else 0)])
     metric("routerd_resident_memory_bytes", "gauge", "routerd's VmRSS.",
            [({}, rss_bytes())])
     return "\n".join(lines) + "\n"

@@ -4,12 +4,13 @@ behaviour). It needs of the gateway only what `Streams` names."""
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 
 from syntrop.routerd import scoring
 from syntrop.routerd.providers import ProviderError
 from syntrop.routerd.queues import Admission
+from syntrop.routerd.routing import Router
 from syntrop.routerd.sse import event
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def continuation(endpoint: str, request: dict[str, Any], sent: str,
 #: The gateway's own mark of a chat continuation; never sent on.
 CONTINUATION = "_syntrop_continuation"
 
-Opened = tuple[scoring.Scored, str | None, AsyncIterator[str]]
+Opened = tuple[scoring.Scored, str | None, AsyncGenerator[str, None]]
 
 
 class Streams(Protocol):
@@ -46,10 +47,8 @@ class Streams(Protocol):
     continuations: int
     admission: Admission
     changed: Callable[[], None]
+    router: Router
 
-    def failed(self, candidate: scoring.Scored) -> None: ...
-    def release(self, candidate: scoring.Scored) -> None: ...
-    def ended(self, provider: str) -> None: ...
     async def open_stream(self, endpoint: str, request: dict[str, Any],
                           candidates: list[scoring.Scored]) -> "Opened | ProviderError": ...
 
@@ -64,7 +63,7 @@ class Relay:
 
     def __init__(self, gateway: Streams, endpoint: str, request: dict[str, Any],
                  candidates: list[scoring.Scored], current: scoring.Scored,
-                 first: str | None, chunks: AsyncIterator[str], kind: str) -> None:
+                 first: str | None, chunks: AsyncGenerator[str, None], kind: str) -> None:
         self.gateway, self.endpoint, self.request = gateway, endpoint, request
         self.candidates, self.current, self.kind = candidates, current, kind
         self.first, self.chunks = first, chunks
@@ -127,7 +126,7 @@ class Relay:
                     failed = self.current
                     logger.warning("provider %s failed mid-stream: %s", failed.provider,
                                    failure.message)
-                    self.gateway.failed(failed)
+                    self.gateway.router.failed(failed)
                     await self._close_chunks()
                     if self.finished:
                         break  # the answer was complete; only [DONE] was missing
@@ -161,7 +160,7 @@ class Relay:
                                            "param": None, "code": "upstream_error"}}))
 
     async def _close_chunks(self) -> None:
-        await self.chunks.aclose()  # type: ignore[attr-defined]
+        await self.chunks.aclose()
 
     async def close(self) -> None:
         if self.closed:
@@ -170,7 +169,7 @@ class Relay:
         try:
             await self._close_chunks()
         finally:
-            self.gateway.release(self.current)
-            self.gateway.ended(self.current.provider)
+            self.gateway.router.release(self.current)
+            self.gateway.router.ended(self.current.provider)
             self.gateway.admission.leave(self.kind)
             self.gateway.changed()

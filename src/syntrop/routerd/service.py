@@ -24,9 +24,10 @@ from syntrop.interfaces.router import (
 )
 from syntrop.routerd import config as routerconfig
 from syntrop.routerd import scoring
-from syntrop.routerd.gateway import DISCOVERY_TIMEOUT, Gateway
+from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.http import HTTPServer
 from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.registry import DISCOVERY_TIMEOUT
 from syntrop.system import process
 from syntrop.varlink import authz, implements
 
@@ -71,13 +72,14 @@ class RouterService(Router1):
             await service.http.start(config.tls_listen, tls=context)
         # In the background: the first reply (a /health, a Varlink call) must
         # not wait for providers' model lists; a request that needs one
-        # waits for this same round (Gateway.rediscover).
-        service.gateway.start_discovery()
-        service.gateway.look_at_peers()  # in the background: a dead peer must not delay start
+        # waits for this same round (Registry.rediscover).
+        service.gateway.registry.start_discovery()
+        # In the background too: a dead peer must not delay start.
+        service.gateway.offload.look_at_peers()
         if service.config.fleet.etcd:
             from syntrop.routerd.fleet import Fleet
 
-            service.fleet = Fleet(service.config.fleet, service.gateway.set_fleet,
+            service.fleet = Fleet(service.config.fleet, service.gateway.registry.set_fleet,
                                   service.fleet_load)
             service.fleet.start()
             service.gateway.changed = service.fleet.poke
@@ -101,18 +103,19 @@ class RouterService(Router1):
         runtimed's as it answers now."""
         from syntrop.routerd.pressure import free_accelerator_bytes, free_host_bytes
 
-        await self.gateway.refresh_load()
-        slots = [f for f in self.gateway.free_slots.values() if f is not None]
+        offload, registry = self.gateway.offload, self.gateway.registry
+        await offload.refresh_load()
+        slots = [f for f in offload.free_slots.values() if f is not None]
         locals_ = {p.id for p in self.config.providers if p.kind == "runtimed"}
         caches = {model: {"prefixes": sorted(cache.prefixes), "contexts": cache.contexts,
                           "capacity": cache.capacity}
-                  for (provider, model), cache in sorted(self.gateway.affinity.caches.items())
+                  for (provider, model), cache in sorted(registry.affinity.caches.items())
                   if provider in locals_}
-        return {"models": self.gateway.local_models(),
+        return {"models": registry.local_models(),
                 "caches": caches,
                 "free_slots": sum(slots) if slots else None,
-                "queue_depth": sum(self.gateway.queued.values()),
-                "memory_some": round(self.gateway.pressure.memory_some(), 1),
+                "queue_depth": sum(offload.queued.values()),
+                "memory_some": round(offload.pressure.memory_some(), 1),
                 "free_accelerator_bytes": free_accelerator_bytes(),
                 # In 64 MiB steps: the record is written again only when
                 # something in it changes.
@@ -120,16 +123,17 @@ class RouterService(Router1):
 
     @implements
     def GetStatus(self) -> StatusResult:
-        healthy = sum(1 for h in self.gateway.health.values() if h.status() != "cooling")
+        health = self.gateway.registry.health
+        healthy = sum(1 for h in health.values() if h.status() != "cooling")
         return StatusResult(
             uptime_usec=int((time.monotonic() - self.started) * 1_000_000),
             ingress=list(self.http.addresses),
             rss_bytes=process.rss_bytes(),
-            memory_some=self.gateway.pressure.memory_some(),
+            memory_some=self.gateway.offload.pressure.memory_some(),
             providers_total=len(self.config.providers),
             providers_healthy=healthy,
             requests_total=self.gateway.requests_total,
-            routing_errors=self.gateway.routing_errors,
+            routing_errors=self.gateway.router.routing_errors,
             ingress_failed=list(self.http.failed),
             fleet=self.fleet.state if self.fleet is not None else "off",
             fleet_members=sorted(self.fleet.members) if self.fleet is not None else [],
@@ -138,31 +142,32 @@ class RouterService(Router1):
     @implements
     def ListProviders(self) -> list[Provider]:
         result = []
-        for provider in self.gateway.effective():
-            health = self.gateway.health[provider.id]
+        for provider in self.gateway.registry.effective():
+            health = self.gateway.registry.health[provider.id]
             latency = None if health.latency_ms is None else round(health.latency_ms, 2)
-            live = self.gateway.providers.get(provider.id)
+            live = self.gateway.registry.providers.get(provider.id)
             result.append(Provider(
                 id=provider.id, kind=provider.kind, tier=provider.tier, status=health.status(),
                 weight=provider.weight, latency_ms=latency, models=list(provider.models),
-                rtt_ms=getattr(live, "rtt_ms", None),
-                free_accelerator_bytes=getattr(live, "free_accelerator_bytes", None)))
+                rtt_ms=live.rtt_ms if live is not None else None,
+                free_accelerator_bytes=live.free_accelerator_bytes if live is not None else None))
         return result
 
     @implements
     def ListModels(self) -> ModelsResult:
-        return ModelsResult(models=[m for m, _ in self.gateway.models()],
+        return ModelsResult(models=[m for m, _ in self.gateway.registry.models()],
                             aliases=list(scoring.ALIASES),
-                            default_model=self.gateway.default_model())
+                            default_model=self.gateway.registry.default_model())
 
     @implements
     def Route(self, *, model: str, prompt_tokens: int | None = None,
               messages: list[RouteMessage] | None = None) -> list[Candidate]:
-        chain = self.gateway.chain("chat/completions", {"messages": [
+        chain = self.gateway.router.chain("chat/completions", {"messages": [
             {"role": m.role, "content": m.content} for m in messages or ()]}, model)
-        scored = self.gateway.route(model, prompt_tokens, chain=chain)
+        scored = self.gateway.router.route(model, prompt_tokens, chain=chain)
         if not scored:
-            known = model in scoring.ALIASES or any(m == model for m, _ in self.gateway.models())
+            known = model in scoring.ALIASES or \
+                any(m == model for m, _ in self.gateway.registry.models())
             raise NoRoute(model=model, reason="no provider fits the prompt" if known
                           else "no provider serves this model")
         return [Candidate(provider=s.provider, model=s.model, score=s.score, speed=s.speed,
@@ -176,17 +181,16 @@ class RouterService(Router1):
     async def TestProvider(self, *, provider: str) -> TestResult:
         # A real probe: it may load a model in runtimed, or cost money upstream.
         await authz.authorize(authz.MANAGE_ROUTER, NotAuthorized)
-        target = self.gateway.providers.get(provider)
+        target = self.gateway.registry.providers.get(provider)
         if target is None:
             raise ProviderNotFound(provider=provider)
         started = time.monotonic()
-        probe = getattr(target, "probe", None)
         try:
-            if probe is not None:
+            if target.capabilities.probe:
                 # A provider that can run a real request does (runtimed: its
                 # engine's state and a one-token completion, a model load
                 # included); the others are asked for their models.
-                detail = await asyncio.wait_for(probe(), PROBE_TIMEOUT)
+                detail = await asyncio.wait_for(target.probe(), PROBE_TIMEOUT)
             else:
                 models = await asyncio.wait_for(target.list_models(), DISCOVERY_TIMEOUT)
                 detail = f"answered with {len(models)} model(s)"
@@ -208,5 +212,5 @@ class RouterService(Router1):
         self.config = config
         self.http.config = config
         self.gateway.apply(config)
-        await self.gateway.discover()
-        self.gateway.look_at_peers()
+        await self.gateway.registry.discover()
+        self.gateway.offload.look_at_peers()

@@ -12,6 +12,7 @@ from syntrop.routerd.affinity import PREDICT_S, Affinity
 from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.pressure import Pressure
+from syntrop.routerd.providers import Capabilities
 
 A = ProviderConfig(id="a", kind="runtimed", tier="local", models=("m",))
 B = ProviderConfig(id="b", kind="peer", endpoint="http://b/v1", tier="lan", models=("m",))
@@ -43,6 +44,8 @@ def test_a_decision_counts_until_it_is_old_and_fills_the_room() -> None:
 
 def gateway_with(loads: dict[str, dict[str, Any]]) -> Gateway:
     class Load:
+        capabilities = Capabilities(load=True)
+
         def __init__(self, report: dict[str, Any]) -> None:
             self.report = report
 
@@ -52,7 +55,7 @@ def gateway_with(loads: dict[str, dict[str, Any]]) -> Gateway:
     gateway = Gateway(Config(listen=(), providers=(A, B, C)), Paths.from_environment(),
                       pressure=Pressure(25.0, read=lambda: 0.0))
     for name in ("a", "b", "c"):  # stand-ins: nothing to ask, nothing to advertise
-        gateway.providers[name] = Load(loads.get(name) or {})  # type: ignore[assignment]
+        gateway.registry.providers[name] = Load(loads.get(name) or {})  # type: ignore[assignment]
     return gateway
 
 
@@ -61,23 +64,24 @@ def test_routing_follows_the_prefix_and_spreads_new_ones() -> None:
         held = LoadedModel(name="m", resident_bytes=1, busy=0, sessions=0, keep_alive_s=1.0,
                            prefixes=list(reported(RIVERS)), cached_contexts=1)
         gateway = gateway_with({"a": {"free_slots": 1, "total_slots": 1, "models": [held]}})
-        gateway.throttled()
-        await asyncio.gather(*gateway._tasks)
+        gateway.offload.throttled()
+        await asyncio.gather(*gateway.offload._tasks)
         # Without a chain: the scores (a is local).
-        assert gateway.route("m")[0].provider == "a"
+        assert gateway.router.route("m")[0].provider == "a"
         # a holds the rivers: they go there, whatever the tier.
-        first = gateway.route("m", chain=gateway.chain("chat/completions", body(RIVERS), "m"))
+        rivers = gateway.router.chain("chat/completions", body(RIVERS), "m")
+        first = gateway.router.route("m", chain=rivers)
         assert first[0].provider == "a" and first[0].prefix_chars > 1000
         # Fleet members report caches with room; a has none left: hills go
         # to a member.
-        gateway.set_fleet((), caches=(("b", "m", [], 0, 2), ("c", "m", [], 1, 2)))
-        hills = gateway.chain("chat/completions", body(HILLS), "m")
-        order = gateway.route("m", chain=hills)
+        gateway.registry.set_fleet((), caches=(("b", "m", [], 0, 2), ("c", "m", [], 1, 2)))
+        hills = gateway.router.chain("chat/completions", body(HILLS), "m")
+        order = gateway.router.route("m", chain=hills)
         assert [c.provider for c in order] == ["b", "c", "a"] and order[2].cache_full
         # A forwarded request is served here, even when a member holds it.
-        gateway.set_fleet((), caches=(("b", "m", list(reported(HILLS)), 1, 2),))
-        assert gateway.route("m", chain=hills)[0].provider == "b"
-        assert [c.provider for c in gateway.route("m", chain=hills, forwarded=True)] == ["a"]
+        gateway.registry.set_fleet((), caches=(("b", "m", list(reported(HILLS)), 1, 2),))
+        assert gateway.router.route("m", chain=hills)[0].provider == "b"
+        assert [c.provider for c in gateway.router.route("m", chain=hills, forwarded=True)] == ["a"]
 
     asyncio.run(main())
 
@@ -192,6 +196,6 @@ def test_the_gateway_names_its_own_providers_by_its_node() -> None:
     gateway = Gateway(config, Paths.from_environment(), pressure=Pressure(0.0))
     member = ProviderConfig(id="fleet:n2", kind="peer", endpoint="http://n2/v1", tier="lan",
                             models=("m",))
-    gateway.set_fleet((member,))
-    assert [gateway.node_of(p) for p in ("a", "fleet:n2", "fleet:gone")] == \
+    gateway.registry.set_fleet((member,))
+    assert [gateway.registry.node_of(p) for p in ("a", "fleet:n2", "fleet:gone")] == \
         ["n1", "n2", "fleet:gone"]

@@ -7,6 +7,7 @@ from syntrop.config import Paths
 from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.pressure import Pressure
+from syntrop.routerd.providers import Capabilities
 from syntrop.routerd.relay import continuation
 
 LOCAL = ProviderConfig(id="local", kind="runtimed", tier="local", models=("m",))
@@ -16,6 +17,8 @@ REMOTE = ProviderConfig(id="remote", kind="openai", endpoint="http://h/v1", tier
 
 class Slots:
     """Stands in for runtimed's GetLoad."""
+
+    capabilities = Capabilities(load=True)
 
     def __init__(self) -> None:
         self.free = 0
@@ -29,7 +32,7 @@ def with_slots() -> tuple[Gateway, Slots]:
     gateway = Gateway(Config(listen=(), providers=(LOCAL, REMOTE)), Paths.from_environment(),
                       pressure=Pressure(25.0, read=lambda: 0.0))
     slots = Slots()
-    gateway.providers["local"] = slots  # type: ignore[assignment]
+    gateway.registry.providers["local"] = slots  # type: ignore[assignment]
     return gateway, slots
 
 
@@ -39,10 +42,10 @@ def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() ->
         orders = []
         for free in (0, 2):
             slots.free = free
-            gateway._load_at = float("-inf")
-            gateway.throttled()                      # asks in the background
-            await asyncio.gather(*gateway._tasks)
-            orders.append([c.provider for c in gateway.route("m")])
+            gateway.offload._load_at = float("-inf")
+            gateway.offload.throttled()                      # asks in the background
+            await asyncio.gather(*gateway.offload._tasks)
+            orders.append([c.provider for c in gateway.router.route("m")])
         return orders
 
     assert asyncio.run(main()) == [["remote", "local"], ["local", "remote"]]
@@ -69,16 +72,16 @@ def test_no_free_slot_seen_before_our_own_request_ended_is_not_believed() -> Non
     async def main() -> list[list[str]]:
         gateway, _ = with_slots()  # no free slot
         orders = []
-        gateway._load_at = float("-inf")
-        gateway.throttled()  # sees no free slot (our request holds it)
-        await asyncio.gather(*gateway._tasks)
-        orders.append([c.provider for c in gateway.route("m")])
-        gateway.ended("local")  # that request ended
-        orders.append([c.provider for c in gateway.route("m")])
-        gateway._load_at = float("-inf")
-        gateway.throttled()  # full again, seen after: believed
-        await asyncio.gather(*gateway._tasks)
-        orders.append([c.provider for c in gateway.route("m")])
+        gateway.offload._load_at = float("-inf")
+        gateway.offload.throttled()  # sees no free slot (our request holds it)
+        await asyncio.gather(*gateway.offload._tasks)
+        orders.append([c.provider for c in gateway.router.route("m")])
+        gateway.router.ended("local")  # that request ended
+        orders.append([c.provider for c in gateway.router.route("m")])
+        gateway.offload._load_at = float("-inf")
+        gateway.offload.throttled()  # full again, seen after: believed
+        await asyncio.gather(*gateway.offload._tasks)
+        orders.append([c.provider for c in gateway.router.route("m")])
         return orders
 
     assert asyncio.run(main()) == [["remote", "local"], ["local", "remote"],

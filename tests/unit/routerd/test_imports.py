@@ -14,9 +14,9 @@ import syntrop.routerd.service
 from syntrop.prefix import chain
 local = ProviderConfig(id="local", kind="runtimed", models=("m",))
 gateway = Gateway(Config(listen=(), providers=(local,)), Paths.from_environment())
-gateway.affinity.report("local", "m", [], 0, 2)
+gateway.registry.affinity.report("local", "m", [], 0, 2)
 turns = chain([("system", "rules " * 200), ("user", "hi")])
-assert gateway.route("m", chain=turns)[0].provider == "local"
+assert gateway.router.route("m", chain=turns)[0].provider == "local"
 print("_hashlib" in sys.modules)
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from syntrop.config import Paths
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import Provider, ProviderError
+from syntrop.routerd.providers.base import Capabilities, Provider, ProviderError
 
 
 def _openai(config: ProviderConfig, paths: Paths) -> Provider:
@@ -38,4 +38,4 @@ REGISTRY: dict[str, Callable[[ProviderConfig, Paths], Provider]] = {
     "peer": _peer,
 }
 
-__all__ = ["REGISTRY", "Provider", "ProviderError"]
+__all__ = ["REGISTRY", "Capabilities", "Provider", "ProviderError"]

@@ -1,10 +1,15 @@
-"""What every provider is: the Provider protocol and ProviderError (the
-provider modules import this, not the package, which imports them)."""
+"""What every provider is: the Provider protocol, the Capabilities it
+declares, and ProviderError (the provider modules import this, not the
+package, which imports them)."""
 
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.routerd.config import ProviderConfig
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.runtime import LoadResult
 
 
 class ProviderError(Exception):
@@ -20,11 +25,59 @@ class ProviderError(Exception):
         self.retryable = retryable
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a provider can do besides complete, stream and list_models:
+    the gateway asks only for what these name."""
+
+    #: Reports its load (`load`: free slots, queue, caches), as runtimed.
+    load: bool = False
+    #: Runs a real check (`probe`, Router1.TestProvider); the others are
+    #: asked for their models instead.
+    probe: bool = False
+    #: Advertises its health, RTT and free accelerator memory
+    #: (`advertise`), as a LAN peer.
+    advertise: bool = False
+    #: Continues an answer begun (continue_final_message).
+    continues: bool = False
+
+
 class Provider(Protocol):
     config: ProviderConfig
+    capabilities: Capabilities
+    #: When it last advertised (monotonic seconds), what that took, and the
+    #: free accelerator memory it named; None, -inf: not known.
+    advertised_at: float
+    rtt_ms: float | None
+    free_accelerator_bytes: int | None
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes: ...
 
-    def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]: ...
+    def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]: ...
 
     async def list_models(self) -> list[str]: ...
+
+    async def load(self) -> "LoadResult | None": ...
+
+    async def probe(self) -> str: ...
+
+    async def advertise(self) -> None: ...
+
+
+class Basics:
+    """What a provider without a capability has in its place: no load
+    known, nothing advertised; a probe it cannot run is an error."""
+
+    capabilities = Capabilities()
+    advertised_at = float("-inf")
+    rtt_ms: float | None = None
+    free_accelerator_bytes: int | None = None
+
+    async def load(self) -> "LoadResult | None":
+        return None
+
+    async def probe(self) -> str:
+        raise NotImplementedError("no probe: see capabilities")
+
+    async def advertise(self) -> None:
+        return None

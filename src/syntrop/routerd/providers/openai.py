@@ -5,12 +5,12 @@ idle), server-sent events relayed chunk by chunk."""
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import ProviderError
+from syntrop.routerd.providers.base import Basics, ProviderError
 from syntrop.routerd.sse import SSEParser
 from syntrop.routerd.wire import ResponseReader, request_head
 
@@ -84,7 +84,7 @@ class _Exchange:
             self.writer.close()
 
 
-class OpenAIProvider:
+class OpenAIProvider(Basics):
     #: Headers sent with every request, besides the standard ones.
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
@@ -198,7 +198,7 @@ class OpenAIProvider:
             raise ProviderError(502, f"upstream answered JSON without {field}")
         return raw
 
-    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
+    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
         payload = json.dumps({**body, "stream": True}).encode()
         exchange = await self._open("POST", "/" + endpoint, payload)
         try:

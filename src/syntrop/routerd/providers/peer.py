@@ -7,15 +7,16 @@ import json
 import time
 from typing import Any
 
-from syntrop.routerd.providers.base import ProviderError
+from syntrop.routerd.providers.base import Capabilities, ProviderError
 from syntrop.routerd.providers.openai import OpenAIProvider
 
 
 class PeerProvider(OpenAIProvider):
     #: The peer serves what we forward with its own providers (http.py).
     headers = ((b"x-syntrop-forwarded", b"1"),)
-    #: It continues an answer begun (continue_final_message), as runtimed.
-    continues = True
+    #: It advertises itself, and continues an answer begun
+    #: (continue_final_message), as runtimed.
+    capabilities = Capabilities(advertise=True, continues=True)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -7,14 +7,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from syntrop.config import Paths
 from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import ProviderError
+from syntrop.routerd.providers.base import Basics, Capabilities, ProviderError
 
 if TYPE_CHECKING:
     from syntrop.interfaces.clients import Runtime1Client
@@ -220,9 +220,10 @@ class _Whole:
     finish: str | None = None
 
 
-class RuntimedProvider:
-    #: Continues an answer begun (continue_final_message: Chat's continue_last).
-    continues = True
+class RuntimedProvider(Basics):
+    #: Reports its load, runs a real probe, and continues an answer begun
+    #: (continue_final_message: Chat's continue_last).
+    capabilities = Capabilities(load=True, probe=True, continues=True)
 
     def __init__(self, config: ProviderConfig, paths: Paths) -> None:
         from syntrop.interfaces.names import RUNTIME  # not the contract: cold start
@@ -276,7 +277,7 @@ class RuntimedProvider:
             except (VarlinkErrorReply, CallTimeout, OSError) as error:
                 raise _failed(error) from None
 
-    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[str]:
+    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
         if (body.get("n") or 1) > 1:
             raise ProviderError(400, "runtimed streams one choice: n > 1 needs stream false",
                                 retryable=False)
