@@ -582,3 +582,70 @@ def test_rerank_orders_documents_by_embedding_similarity(node: Node) -> None:
     bad = httpx.post(f"http://127.0.0.1:{node.port}/v1/rerank", timeout=10,
                      json={"model": "smollm2", "query": query})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
+
+
+# OpenAI's Responses API, stateful ----------------------------------------------
+
+
+def test_responses_continue_a_stored_conversation_by_id(node: Node) -> None:
+    import openai
+
+    client = _client(node)
+    first = client.responses.create(model="smollm2", input="My name is Ada. Say hello.",
+                                    instructions="You answer briefly.", max_output_tokens=16,
+                                    temperature=0)
+    assert first.id.startswith("resp_") and first.status in ("completed", "incomplete")
+    assert first.output_text and first.store is True
+    second = client.responses.create(model="smollm2", previous_response_id=first.id,
+                                     input="What is my name?", max_output_tokens=16,
+                                     temperature=0)
+    assert second.previous_response_id == first.id and second.output_text
+    assert first.usage is not None and second.usage is not None
+    # The first exchange is in the second's prompt: more tokens in, most of
+    # them already in runtimed's cache.
+    assert second.usage.input_tokens > first.usage.input_tokens + 5
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+
+    unkept = client.responses.create(model="smollm2", input="Hi", max_output_tokens=4,
+                                     store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="smollm2", previous_response_id=unkept.id, input="Hi")
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
+
+
+def test_responses_function_calls_and_their_outputs_go_round(node: Node) -> None:
+    import jsonschema
+
+    client = _client(node)
+    tools: list[Any] = [{"type": "function", "name": t["function"]["name"],
+                         "description": t["function"]["description"],
+                         "parameters": t["function"]["parameters"]} for t in TOOLS]
+    called = client.responses.create(model="smollm2", input="What is the weather in Oslo?",
+                                     tools=tools, max_output_tokens=64,
+                                     tool_choice={"type": "function", "name": "get_weather"})
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["get_weather"])
+    answered = client.responses.create(
+        model="smollm2", previous_response_id=called.id, tools=tools, tool_choice="none",
+        max_output_tokens=24,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": "Rain, 4 degrees."}])
+    assert [item.type for item in answered.output] == ["message"]
+    assert answered.output_text
+
+
+def test_responses_stream_the_same_text_as_their_final_response(node: Node) -> None:
+    client = _client(node)
+    with client.responses.stream(model="smollm2", input="Count from one to five.",
+                                 max_output_tokens=24, temperature=0) as stream:
+        events = list(stream)
+    # response.completed, or response.incomplete where max_output_tokens cut it
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    final = events[-1].response
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == final.output_text
+    kept = client.responses.retrieve(final.id)
+    assert kept.output_text == final.output_text

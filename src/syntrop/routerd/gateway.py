@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.config import Paths
 from syntrop.routerd import scoring
@@ -34,6 +34,9 @@ from syntrop.routerd.registry import Registry
 from syntrop.routerd.relay import CONTINUATION, Opened, Relay
 from syntrop.routerd.routing import Router
 
+if TYPE_CHECKING:  # imported on first use: SQLite has no place in the memory budget before
+    from syntrop.routerd.responses import Responses
+
 logger = logging.getLogger(__name__)
 
 #: Where rerank is asked for (llama-server's four spellings).
@@ -47,6 +50,9 @@ class Gateway:
     def __init__(self, config: Config, paths: Paths,
                  pressure: Pressure | None = None) -> None:
         self.registry = Registry(config, paths)
+        self.paths = paths
+        #: Stored responses (POST /v1/responses), opened on first use.
+        self._responses: Responses | None = None
         self.offload = Offload(self.registry, pressure or Pressure(
             config.psi_threshold, path=config.psi_file))
         self.router = Router(self.registry, self.offload)
@@ -57,6 +63,10 @@ class Gateway:
         #: Called when a request ends (the fleet publishes the load anew).
         self.changed: Callable[[], None] = lambda: None
         self._settle(config)
+
+    def close(self) -> None:
+        if self._responses is not None:
+            self._responses.store.close()
 
     def apply(self, config: Config) -> None:
         """Switch to `config`; requests in flight keep their providers."""
@@ -79,8 +89,9 @@ class Gateway:
         path = path.partition("?")[0]
         response = await self._handle(method, path, body, traffic, forwarded)
         known = path in ENDPOINTS or path in RERANK_PATHS or \
-            path in ("/v1/models", "/health", "/v1/messages")
+            path in ("/v1/models", "/health", "/v1/messages", "/v1/responses")
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
+               "/v1/responses/{id}" if path.startswith("/v1/responses/") else
                path if known else "other",
                response.status)
         self.answered[key] = self.answered.get(key, 0) + 1
@@ -101,7 +112,8 @@ class Gateway:
                             "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             return await self._models(method, path)
-        if path in RERANK_PATHS or path == "/v1/messages":
+        if path in RERANK_PATHS or path in ("/v1/messages", "/v1/responses") or \
+                path.startswith("/v1/responses/"):
             return await self._translated(method, path, body, traffic, forwarded)
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
@@ -153,8 +165,15 @@ class Gateway:
 
     async def _translated(self, method: str, path: str, body: bytes, traffic: str,
                           forwarded: bool) -> Response:
-        """Rerank and Anthropic's Messages: other APIs, translated onto
-        embeddings and chat (routed as those are)."""
+        """Rerank, Responses and Anthropic's Messages: other APIs, translated
+        onto embeddings and chat (routed as those are)."""
+        if path == "/v1/responses" or path.startswith("/v1/responses/"):
+            if self._responses is None:
+                from syntrop.routerd.responses import Responses, Store
+
+                self._responses = Responses(Store(self.paths.state / "responses.sqlite"))
+            return await self._responses.handle(method, path, body, lambda chat: self._handle(
+                "POST", "/v1/chat/completions", chat, traffic, forwarded))
         if path in RERANK_PATHS:
             from syntrop.routerd.rerank import rerank
 

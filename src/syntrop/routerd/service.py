@@ -97,6 +97,7 @@ class RouterService(Router1):
         if self.fleet is not None:
             await self.fleet.close()
         await self.http.close()
+        self.gateway.close()
 
     async def fleet_load(self) -> dict[str, object]:
         """What this node publishes to the fleet: its own models and load,
