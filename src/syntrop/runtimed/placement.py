@@ -7,7 +7,7 @@ per repeating block and in all, at its context: `shape_from_gguf` builds
 one from GGUF metadata and the file's size; `estimated_bytes` is the lease
 to ask for), a `Grant` (one lease, `Grant.single`, or a composite lease's
 slices, `Grant.from_slices`, role "pipeline" with stage_index or "tensor")
-and `PlaneView`s (each plane's kind: drm_gpu, npu, cpu; its device index
+and `PlaneView`s (each plane's kind: drm_gpu, nvidia_gpu, npu, cpu; its device index
 in the engine; its NUMA node and the CPU cores near it:
 `planes_from_topology` builds them from inferenced's topology scan).
 `place()` answers a `Placement`: n_gpu_layers, main_gpu, split_mode,
@@ -61,7 +61,10 @@ FILE_TYPE_MIN_BYTES = {0: 4.0, 1: 2.0, 32: 2.0, 7: 34 / 32, 2: 18 / 32, 3: 20 / 
                        13: 84 / 256, 14: 110 / 256, 15: 110 / 256, 16: 144 / 256,
                        17: 144 / 256, 18: 176 / 256}
 LEAST_BYTES_PER_WEIGHT = 0.19  # IQ1_S, 1.56 bits
-KINDS = ("drm_gpu", "npu", "cpu")
+KINDS = ("drm_gpu", "nvidia_gpu", "npu", "cpu")
+#: The kinds the engine's GPU backend runs on: a GPU with a DRM render node,
+#: and an NVIDIA GPU inferenced found without one (VMs: /dev/nvidiaN only).
+GPU_KINDS = frozenset({"drm_gpu", "nvidia_gpu"})
 ROLES = ("pipeline", "tensor")
 
 
@@ -202,7 +205,7 @@ def estimated_bytes(shape: ModelShape, *, kind: str = "cpu") -> int:
     from `shape_from_gguf` without tensor sizes this is leases.need_bytes
     (file size + KV + max(64 MiB, a tenth))."""
     total = shape.weight_bytes + shape.n_layers * shape.kv_bytes_per_layer + shape.compute_bytes
-    return total + (GPU_CONTEXT_BYTES if kind == "drm_gpu" else 0)
+    return total + (GPU_CONTEXT_BYTES if kind in GPU_KINDS else 0)
 
 
 # the grant and the planes -------------------------------------------------
@@ -267,7 +270,7 @@ class PlaneView:
     """A plane as placement needs it."""
 
     id: str
-    #: ComputePlane.kind: drm_gpu, npu or cpu.
+    #: ComputePlane.kind: drm_gpu, nvidia_gpu, npu or cpu.
     kind: str
     #: The device's number in the engine's backend (main_gpu, tensor_split):
     #: GPUs in PCI address order (CUDA_DEVICE_ORDER=PCI_BUS_ID). None for cpu.
@@ -303,7 +306,7 @@ def planes_from_topology(topology: Any, node_cpus: Mapping[int, Sequence[int]], 
     `device_order` lists their ids in the backend's own order."""
     every = tuple(sorted({c for cpus in node_cpus.values() for c in cpus})) or \
         tuple(range(int(topology.cpu_cores)))
-    gpus = [p for p in topology.planes if p.kind == "drm_gpu"]
+    gpus = [p for p in topology.planes if p.kind in GPU_KINDS]
     if device_order is None:
         ordered = sorted(gpus, key=lambda p: (p.pci_chain[-1] if p.pci_chain else "~", p.id))
         index = {p.id: i for i, p in enumerate(ordered)}
@@ -315,7 +318,7 @@ def planes_from_topology(topology: Any, node_cpus: Mapping[int, Sequence[int]], 
             if plane.numa_node is not None else ()
         views.append(PlaneView(
             id=plane.id, kind=plane.kind,
-            device_index=index.get(plane.id) if plane.kind == "drm_gpu" else None,
+            device_index=index.get(plane.id) if plane.kind in GPU_KINDS else None,
             numa_node=plane.numa_node,
             cpus=(near or every) if plane.kind == "cpu" else near,
         ))
@@ -473,7 +476,7 @@ def _check_slices(grant: Grant, by_id: dict[str, PlaneView]) -> None:
             raise PlacementError(f"{s.plane_id} is an NPU: the engine has no backend for it")
         if kind not in KINDS:
             raise PlacementError(f"{s.plane_id} is of unknown kind {kind!r}")
-        if kind == "drm_gpu" and by_id[s.plane_id].device_index is None:
+        if kind in GPU_KINDS and by_id[s.plane_id].device_index is None:
             raise PlacementError(f"GPU {s.plane_id} has no device number")
 
 
@@ -514,7 +517,7 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
     by_id = {p.id: p for p in planes}
     _check_slices(grant, by_id)
     cpu_slices = [s for s in grant.slices if by_id[s.plane_id].kind == "cpu"]
-    gpu_slices = [s for s in grant.slices if by_id[s.plane_id].kind == "drm_gpu"]
+    gpu_slices = [s for s in grant.slices if by_id[s.plane_id].kind in GPU_KINDS]
     if len(cpu_slices) > 1:
         raise PlacementError("more than one CPU slice")
     if cpu_slices and mode == "tensor":
@@ -564,7 +567,7 @@ def place(model: ModelShape, grant: Grant, planes: Sequence[PlaneView]) -> Place
     single = len(gpu_slices) == 1
     split_mode = "none" if single else ("row" if row else "layer")
     tensor_split: tuple[float, ...] | None = None
-    numbered = [p.device_index for p in planes if p.kind == "drm_gpu"
+    numbered = [p.device_index for p in planes if p.kind in GPU_KINDS
                 and p.device_index is not None]
     if not single:
         width = min(max([*numbered, *devices]) + 1, MAX_DEVICES)

@@ -80,7 +80,7 @@ def _near(placed: pl.Placement, grant: pl.Grant, planes: Sequence[pl.PlaneView])
     """The plane whose cores the placement's threads are on: the main GPU's,
     or the CPU slice's."""
     if placed.devices:
-        return next(p for p in planes if p.kind == "drm_gpu"
+        return next(p for p in planes if p.kind in pl.GPU_KINDS
                     and p.device_index == placed.main_gpu)
     by_id = {p.id: p for p in planes}
     return next(by_id[s.plane_id] for s in grant.slices if by_id[s.plane_id].kind == "cpu")

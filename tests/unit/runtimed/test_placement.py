@@ -214,6 +214,21 @@ def test_one_gpu_holds_the_whole_model(tmp_path: Path) -> None:
     assert "all 32 layers and the output head on GPU" in placed.why
 
 
+def test_an_nvidia_gpu_without_a_render_node_is_placed_as_a_gpu() -> None:
+    """A VM's NVIDIA GPU (inferenced's kind nvidia_gpu: /dev/nvidiaN, no DRM
+    node) holds layers as a render node's GPU would; with no PCI path known
+    it is numbered by id and not pinned."""
+    planes = [PlaneView(id="nvidia-0", kind="nvidia_gpu", device_index=0, numa_node=None,
+                        cpus=()),
+              PlaneView(id="cpu", kind="cpu", device_index=None, numa_node=None,
+                        cpus=(0, 1, 2, 3))]
+    lease = pl.estimated_bytes(SEVEN_B, kind="nvidia_gpu")
+    assert lease == pl.estimated_bytes(SEVEN_B, kind="drm_gpu")  # the backend's context too
+    placed = pl.place(SEVEN_B, Grant.single("nvidia-0", lease), planes)
+    assert placed.n_gpu_layers == 33 and placed.main_gpu == 0
+    assert placed.layers == (("nvidia-0", 32),)
+
+
 def test_one_gpu_too_small_gives_a_hybrid_split(tmp_path: Path) -> None:
     root = with_cpus(fakesysfs.amd_box(tmp_path), {0: "0-3"}, 4)
     planes = views(root)
