@@ -2,7 +2,10 @@
 
 Each method validates, checks who calls, has the lease keeping (leases.py)
 decide, persist and apply (cgroup freezer, pid watches), then answers in
-the contract's terms. State reaches SQLite before the reply.
+the contract's terms. State reaches SQLite before the reply. Where a lease
+goes is placement.py's, pressure readings are pressure.py's, and what
+modeld and runtimed say about models is models.py's; their refusals
+become the contract's errors here.
 
 Preemption: when an EmergencyTriage grant freezes leases, their cgroups are
 frozen before the reply returns (the seed allows 250 ms; we wait for the
@@ -15,7 +18,6 @@ frozen in the books, and the log says why.
 import asyncio
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,10 +26,12 @@ from asyncvarlink import FileDescriptor
 
 from syntrop.config import Paths
 from syntrop.inferenced import arbiter as arb
+from syntrop.inferenced import models, placement
 from syntrop.inferenced.config import Config, load
 from syntrop.inferenced.leases import Leases, LinuxHost, NoSuchProcess, Pending
+from syntrop.inferenced.pressure import Pressure
 from syntrop.inferenced.store import Group, LeaseRecord, Model, Store
-from syntrop.inferenced.topology import PlaneInfo, Topology, choose, scan
+from syntrop.inferenced.topology import PlaneInfo, Topology, scan
 from syntrop.interfaces.inference import (
     AcquireBufferResult,
     AcquireCompositeLeaseResult,
@@ -50,18 +54,14 @@ from syntrop.interfaces.inference import (
     ResourceExhaustion,
     RuntimeUnavailable,
 )
-from syntrop.system import cgroup, process, psi
+from syntrop.system import cgroup, process
 from syntrop.varlink import authz, current_peer, implements
 
 logger = logging.getLogger(__name__)
 
-LEVELS = ("normal", "elevated", "critical")
-#: Priorities refused at each pressure level.
-REFUSED = {"elevated": {"Batch"}, "critical": {"Batch", "Interactive"}}
-PSI_CACHE = 0.5
 MAX_NAME = 256
-#: Seconds modeld may take to list its models.
-MODELD_TIMEOUT = 5.0
+
+
 def _check_name(value: str | None, parameter: str) -> None:
     if value is not None and (len(value) > MAX_NAME or "\0" in value):
         raise InvalidParameter(parameter=parameter)
@@ -94,39 +94,14 @@ class InferenceService(Inference1):
         self.mount = cgroup.find_mount()
         self.leases = Leases(self.store, self._planes, LinuxHost(self.mount),
                              loaded=(records, groups))
-        self.trigger: psi.Trigger | None = None
-        self._psi_cache: tuple[float, dict[str, float]] | None = None
+        self.pressure = Pressure(self.root, self.config.thresholds)
 
     @classmethod
     async def open(cls, paths: Paths) -> "InferenceService":
         service = cls(paths)
         await service.restore()
-        service.arm_pressure_trigger()
+        service.pressure.arm_trigger()
         return service
-
-    def arm_pressure_trigger(self) -> None:
-        """Hear about memory pressure as it starts (a PSI trigger: 100 ms of
-        stall within 2 s), not only when a request reads avg10."""
-        self.trigger = None
-        if self.root != Path("/"):
-            return  # a test tree: its pressure files are plain files
-        try:
-            self.trigger = psi.Trigger(
-                "memory", stall_usec=100_000, window_usec=2_000_000, root=self.root / "proc"
-            )
-        except OSError as error:
-            logger.info("no PSI trigger (%s); pressure is read per request", error)
-            self.trigger = None
-            return
-        asyncio.get_running_loop().add_reader(self.trigger.fileno(), self._pressure_event)
-
-    def _pressure_event(self) -> None:
-        if self.trigger is None or not self.trigger.consume():
-            return
-        self._psi_cache = None
-        level, resource = self._level()
-        logger.warning("%s pressure: level %s; Batch%s refused while it lasts",
-                       resource, level, " and Interactive" if level == "critical" else "")
 
     # state -------------------------------------------------------------------
 
@@ -205,8 +180,9 @@ class InferenceService(Inference1):
     # the core of acquire and release -----------------------------------------
 
     def _pressure_gate(self, priority: str) -> None:
-        level, resource = self._level()
-        if priority in REFUSED.get(level, set()):
+        refused = self.pressure.refuses(priority)
+        if refused is not None:
+            level, resource = refused
             raise PressureTooHigh(resource=resource, level=level, priority=priority)
 
     def _grant(
@@ -268,33 +244,6 @@ class InferenceService(Inference1):
                               owner_uid=record.lease.owner_uid)
         return record
 
-    # pressure ------------------------------------------------------------------
-
-    def _readings(self) -> dict[str, float]:
-        """avg10 of each resource. The kernel recomputes avg10 every 2 s, so
-        a reading younger than PSI_CACHE seconds is reused."""
-        now = time.monotonic()
-        if self._psi_cache is not None and now - self._psi_cache[0] < PSI_CACHE:
-            return self._psi_cache[1]
-        values = {}
-        for resource in psi.RESOURCES:
-            reading = psi.read(resource, root=self.root / "proc")
-            values[resource] = reading.some.avg10 if reading else 0.0
-        self._psi_cache = (now, values)
-        return values
-
-    def _level(self) -> tuple[str, str]:
-        """The worst level over the resources, and the resource causing it."""
-        worst, cause = 0, "memory"
-        for resource, value in self._readings().items():
-            if resource not in self.config.thresholds:
-                continue
-            elevated, critical = self.config.thresholds[resource]
-            level = 2 if value >= critical else 1 if value >= elevated else 0
-            if level > worst:
-                worst, cause = level, resource
-        return LEVELS[worst], cause
-
     # the interface -------------------------------------------------------------
 
     @implements
@@ -319,8 +268,8 @@ class InferenceService(Inference1):
 
     @implements
     def GetPressure(self) -> GetPressureResult:
-        readings = self._readings()
-        level, _ = self._level()
+        readings = self.pressure.readings()
+        level, _ = self.pressure.level()
         return {
             "level": level,
             "cpu_some": readings["cpu"],
@@ -362,22 +311,14 @@ class InferenceService(Inference1):
         return {"lease_id": lease.id, "plane_id": lease.plane, "allocated_memory": lease.memory}
 
     def _best_plane(self, priority: str, memory: int) -> str:
-        """The fitting plane with the least room left (best fit), preferring
-        accelerators over the CPU."""
-        fitting = [
-            p for p in self.topology.planes
-            if p.id not in self.quarantine and self.arbiter.available(p.id, priority) >= memory
-        ]
-        if not fitting:
-            # Let the arbiter try preemption (and name the plane that came closest).
-            candidates = [p for p in self.topology.planes if p.id not in self.quarantine]
-            if not candidates:
-                raise ResourceExhaustion(plane="", requested=memory, available=0)
-            return max(candidates, key=lambda p: self.arbiter.available(p.id, priority)).id
-        return min(
-            fitting,
-            key=lambda p: (p.kind == "cpu", self.arbiter.available(p.id, priority) - memory),
-        ).id
+        """Where a lease naming no plane goes (placement.best_plane)."""
+        try:
+            return placement.best_plane(self.topology, self.quarantine, self.arbiter,
+                                        priority, memory)
+        except arb.Exhausted as error:
+            raise ResourceExhaustion(
+                plane=error.plane, requested=error.requested, available=error.available
+            ) from None
 
     @implements
     async def AcquireCompositeLease(
@@ -422,28 +363,14 @@ class InferenceService(Inference1):
         }
 
     def _place(self, slices: list[PlaneSlice], priority: str) -> list[PlaneSlice]:
-        """Give every slice without a plane the tightest fitting set."""
-        open_slices = [s for s in slices if not s.plane_id]
-        if not open_slices:
-            return slices
-        taken = {s.plane_id for s in slices if s.plane_id}
-        need = max(s.memory_bytes for s in open_slices)
-        candidates = [
-            p for p in self.topology.planes
-            if p.kind != "cpu" and p.id not in taken and p.id not in self.quarantine
-            and self.arbiter.available(p.id, priority) >= need
-        ]
-        pipeline = all(s.role == "pipeline" for s in open_slices)
-        chosen = choose(candidates, len(open_slices), self.topology.numa_distances,
-                        pipeline=pipeline)
-        if chosen is None:
-            best = max((self.arbiter.available(p.id, priority) for p in self.topology.planes
-                        if p.kind != "cpu"), default=0)
-            raise ResourceExhaustion(plane="", requested=need, available=best)
-        if pipeline:
-            open_slices = sorted(open_slices, key=lambda s: (s.stage_index or 0))
-        assigned = dict(zip((id(s) for s in open_slices), chosen, strict=True))
-        return [replace(s, plane_id=assigned[id(s)].id) if not s.plane_id else s for s in slices]
+        """Planes for a gang's open slices (placement.place)."""
+        try:
+            return placement.place(slices, self.topology, self.quarantine, self.arbiter,
+                                   priority)
+        except arb.Exhausted as error:
+            raise ResourceExhaustion(
+                plane=error.plane, requested=error.requested, available=error.available
+            ) from None
 
     @implements
     async def ReleaseLease(self, *, lease_id: str) -> None:
@@ -512,40 +439,16 @@ class InferenceService(Inference1):
         """The models registered here, then those only modeld holds (by
         name[:tag], their weights' size, "modeld" as their path)."""
         known = [(m.id, m.format, m.path, m.estimated_bytes) for m in self.models.values()]
-        stored = await self._stored()
+        stored = await models.stored(self.paths)
         known += [(name, "gguf", "modeld", size) for name, size in sorted(stored.items())
                   if name not in self.models]
         return [
             ModelInfo(
                 id=name, format=format, path=path, estimated_memory=size,
-                placement=",".join(
-                    p.id for p in self.topology.planes
-                    if p.id not in self.quarantine
-                    and self.arbiter.available(p.id, "Interactive") >= size
-                ) or "none",
+                placement=placement.fitting(self.topology, self.quarantine, self.arbiter, size),
             )
             for name, format, path, size in known
         ]
-
-    async def _stored(self) -> dict[str, int]:
-        """What modeld stores: name (and name:tag for tags other than
-        latest) → bytes of its weights; {} when modeld cannot be reached."""
-        from syntrop.interfaces.model import Model1
-        from syntrop.varlink.client import connect
-
-        try:
-            async with await connect(Model1, address=self.paths.socket(Model1.name),
-                                     timeout=MODELD_TIMEOUT) as modeld:
-                listed = (await modeld.List())["models"]
-        except Exception as error:  # modeld is optional to inferenced
-            logger.info("modeld's models unknown: %s", error)
-            return {}
-        stored = {}
-        for model in listed:
-            stored[f"{model.name}:{model.tag}"] = model.size
-            if model.tag == "latest":
-                stored[model.name] = model.size
-        return stored
 
     @implements
     async def RegisterModel(self, *, id: str, format: str, path: str, estimated_bytes: int) -> None:
@@ -574,7 +477,7 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="prompt")
         registered = self.models.get(model)
         size = registered.estimated_bytes if registered is not None else \
-            (await self._stored()).get(model)
+            (await models.stored(self.paths)).get(model)
         if size is None:
             raise ModelNotFound(model=model)
         async with self.lock:
@@ -584,34 +487,16 @@ class InferenceService(Inference1):
             )
         await self.leases.settle(pending)
         try:
-            async for text in self._complete(model, prompt):
+            async for text in models.complete(self.paths, model, prompt):
                 yield text
+        except models.Unavailable as error:
+            raise RuntimeUnavailable(reason=str(error)) from None
         finally:
             async with self.lock:
                 released = self._release(lease.id) if lease.id in self.arbiter.leases \
                     else None
             if released is not None:
                 await self.leases.settle(released)
-
-    async def _complete(self, model: str, prompt: str) -> AsyncIterator[str]:
-        from asyncvarlink import VarlinkErrorReply
-
-        from syntrop.interfaces.runtime import ChatMessage, Runtime1
-        from syntrop.varlink.client import CallTimeout, connect
-
-        try:
-            client = await connect(Runtime1, address=self.paths.socket(Runtime1.name))
-        except (OSError, CallTimeout) as error:
-            raise RuntimeUnavailable(reason=f"cannot reach runtimed: {error}") from None
-        async with client:
-            try:
-                async for reply in client.Chat(
-                        model=model, messages=[ChatMessage(role="user", content=prompt)]):
-                    yield reply["chunk"].text
-            except VarlinkErrorReply as error:
-                raise RuntimeUnavailable(reason=f"runtimed answered {error.name}") from None
-            except (OSError, CallTimeout) as error:
-                raise RuntimeUnavailable(reason=f"runtimed failed: {error}") from None
 
     @implements
     async def AcquireBuffer(self, *, lease_id: str) -> AcquireBufferResult:
@@ -654,10 +539,7 @@ class InferenceService(Inference1):
         self.arbiter.planes[plane] = replace(self.arbiter.planes[plane], quarantined=None)
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self.trigger is not None:
-            loop.remove_reader(self.trigger.fileno())
-            self.trigger.close()
+        self.pressure.close()
         self.leases.close()
         self.store.close()
 
