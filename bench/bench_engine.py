@@ -14,7 +14,12 @@ portable build loads the variant cpu.py chooses; the native build keeps its
 built-in backend, with llama.cpp's extra buffer types (its AMX path among
 them) off where AMX is advertised and faults. Target: portable >= 0.95x.
 
-Run: .venv/bin/python bench/bench_engine.py [--json] [--rounds N] [--threads N]
+With --variants it measures instead every CPU variant of the portable
+build that this host can run (AMX ones aside: runtimed never loads them),
+each in a process of its own, the variants taking turns within a round:
+the figures behind the variants scripts/build-engine keeps (docs/runtimed.md).
+
+Run: .venv/bin/python bench/bench_engine.py [--json] [--rounds N] [--threads N] [--variants]
 """
 
 import argparse
@@ -75,11 +80,14 @@ def native_tree() -> Path:
     return tree
 
 
-def measure(path: str, threads: int) -> dict[str, Any]:
-    """In the measuring process: one round on one model."""
-    from syntrop.runtimed.cpu import ready
+def measure(path: str, threads: int, variant: str | None = None) -> dict[str, Any]:
+    """In the measuring process: one round on one model (with `variant`,
+    that CPU variant instead of the one runtimed would choose)."""
+    import dataclasses
 
-    choice = ready()
+    from syntrop.runtimed.cpu import probe, ready
+
+    choice = ready(dataclasses.replace(probe(), variant=variant) if variant else None)
     import llama_cpp
     from llama_cpp import Llama
 
@@ -107,12 +115,15 @@ def measure(path: str, threads: int) -> dict[str, Any]:
             "engine": choice.describe(), "lib": str(Path(llama_cpp.__file__).parent)}
 
 
-def one(build: str, tree: Path | None, path: Path, threads: int) -> dict[str, Any]:
+def one(build: str, tree: Path | None, path: Path, threads: int,
+        variant: str | None = None) -> dict[str, Any]:
     env = dict(os.environ)
     # The native tree's llama_cpp shadows this venv's.
     env["PYTHONPATH"] = os.pathsep.join(([str(tree)] if tree else []) + [str(REPO / "src")])
-    done = subprocess.run([sys.executable, __file__, "--measure", str(path), "--threads",
-                           str(threads)], env=env, capture_output=True, text=True, check=False)
+    command = [sys.executable, __file__, "--measure", str(path), "--threads", str(threads)]
+    if variant:
+        command += ["--variant", variant]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{build} on {path.name}: {done.stderr.strip()[-800:]}")
     result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
@@ -126,15 +137,62 @@ def cpu() -> str:
     return "unknown CPU"
 
 
+def runnable_variants() -> tuple[str, list[str]]:
+    """The variant runtimed chooses here, and every variant this host runs
+    (score > 0, AMX ones aside), lowest score first."""
+    from syntrop.runtimed.cpu import AMX_VARIANTS, probe
+
+    choice = probe()
+    usable = sorted((score, name) for name, score in choice.scores.items()
+                    if score > 0 and name not in AMX_VARIANTS)
+    return choice.variant or "", [name for _, name in usable]
+
+
+def by_variant(rounds: int, threads: int, as_json: bool) -> None:
+    chosen, names = runnable_variants()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for model, path in models().items():
+        results[model] = {name: [] for name in names}
+        for round_ in range(rounds):
+            order = names if round_ % 2 == 0 else names[::-1]
+            for name in order:
+                results[model][name].append(one(name, None, path, threads, name))
+    rows = [{"model": model, "variant": name,
+             "prefill": max(r["prefill"] for r in runs[name]),
+             "decode": max(r["decode"] for r in runs[name])}
+            for model, runs in results.items() for name in names]
+    load = os.getloadavg()[0]
+    if as_json:
+        print(json.dumps({"cpu": cpu(), "threads": threads, "rounds": rounds, "load": load,
+                          "chosen": chosen, "rows": rows}))
+        return
+    print(f"CPU variants on {cpu()}, {threads} threads, best of {rounds} rounds, "
+          f"load {load:.1f}; runtimed chooses {chosen}")
+    for model in results:
+        top = {metric: max(r[metric] for r in rows if r["model"] == model)
+               for metric in ("prefill", "decode")}
+        print(f"{model}: tok/s (share of the best)")
+        for row in (r for r in rows if r["model"] == model):
+            print(f"  {row['variant']:14} prefill {row['prefill']:8.1f} "
+                  f"({row['prefill'] / top['prefill']:4.0%})  decode {row['decode']:7.1f} "
+                  f"({row['decode'] / top['decode']:4.0%})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--variants", action="store_true",
+                        help="every CPU variant this host runs, instead of portable/native")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure, args.threads)))
+        print(json.dumps(measure(args.measure, args.threads, args.variant)))
+        return
+    if args.variants:
+        by_variant(args.rounds, args.threads, args.json)
         return
     tree = native_tree()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}

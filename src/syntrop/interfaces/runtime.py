@@ -322,7 +322,7 @@ class EngineVariant:
     """A build of llama.cpp's CPU backend for one feature level.
 
     Fields:
-        name: The variant (x64, haswell, zen4, sapphirerapids, ...).
+        name: The variant (x64, haswell, cascadelake, ...).
         score: How well it fits this CPU; 0 where it cannot run here.
     """
 

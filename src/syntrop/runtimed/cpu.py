@@ -1,9 +1,11 @@
 """Which CPU code the engine runs: chosen at run time, on the host it runs on.
 
 scripts/build-engine builds llama.cpp's CPU backend once per feature level
-(libggml-cpu-x64.so … libggml-cpu-zen4.so, libggml-cpu-sapphirerapids.so)
-next to libggml.so in llama_cpp/lib. Nothing is loaded until a program
-calls ggml_backend_load, so runtimed picks the variant:
+that pays (libggml-cpu-x64.so … libggml-cpu-cascadelake.so; older wheels
+had more, up to libggml-cpu-sapphirerapids.so) next to libggml.so in
+llama_cpp/lib. llama.cpp finds none of them by itself, so runtimed picks
+the variant (and the wheel's own import loads that one, named in
+$SYNTROP_CPU_BACKEND, or ggml's best: scripts/build-engine's AUTOLOAD):
 
 1. `probe()` runs a child process (`python -m syntrop.runtimed.cpu probe`)
    that opens each variant and asks it for its score (ggml_backend_score:
@@ -36,6 +38,7 @@ import contextlib
 import ctypes
 import importlib.util
 import json
+import logging
 import mmap
 import os
 import re
@@ -46,6 +49,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: Variants whose code uses AMX tiles (ggml's CPU_ALL_VARIANTS names).
 #: Never chosen: on a Xeon whose AMX passes the probe (the tile data
@@ -273,10 +278,20 @@ def activate(choice: Choice) -> None:
     """In an engine worker, before its first model: load the chosen CPU
     backend, or keep a single build off the AMX path. Raises OSError when
     the variant cannot be loaded."""
+    if choice.path is not None:
+        # The engine wheel scripts/build-engine makes loads this one itself
+        # on import (unless a CPU backend is loaded already).
+        os.environ["SYNTROP_CPU_BACKEND"] = choice.path
     import llama_cpp
 
     if choice.build == "variants":
         assert choice.path is not None
+        loaded = _loaded_cpu_backends()
+        if loaded:  # never a second CPU backend: llama.cpp would use both
+            if os.path.realpath(choice.path) not in loaded:
+                logger.warning("CPU backend %s was loaded before %s could be",
+                               ", ".join(sorted(loaded)), choice.path)
+            return
         ggml = ctypes.CDLL(_loaded_ggml() or str(Path(choice.lib) / "libggml.so"))
         ggml.ggml_backend_load.restype = ctypes.c_void_p
         ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
@@ -294,6 +309,16 @@ def activate(choice: Choice) -> None:
 
         llama_cpp.llama_model_default_params = without_extra_bufts
         llama_cpp.llama_cpp.llama_model_default_params = without_extra_bufts
+
+
+def _loaded_cpu_backends() -> set[str]:
+    """The CPU backend variants loaded in this process now."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {os.path.realpath(path) for line in maps
+                    if VARIANT.match(os.path.basename(path := line.split()[-1]))}
+    except OSError:
+        return set()
 
 
 def _loaded_ggml() -> str | None:
