@@ -7,9 +7,8 @@ per repeating block and in all, at its context: `shape_from_gguf` builds
 one from GGUF metadata and the file's size; `estimated_bytes` is the lease
 to ask for), a `Grant` (one lease, `Grant.single`, or a composite lease's
 slices, `Grant.from_slices`, role "pipeline" with stage_index or "tensor")
-and `PlaneView`s (each plane's kind: drm_gpu, nvidia_gpu, npu, cpu; its device index
-in the engine; its NUMA node and the CPU cores near it:
-`planes_from_topology` builds them from inferenced's topology scan).
+and `PlaneView`s (each plane's kind, KINDS; its device index in the engine;
+its NUMA node and nearby cores: `planes_from_topology` builds them).
 `place()` answers a `Placement`: n_gpu_layers, main_gpu, split_mode,
 tensor_split, threads and their affinity, and a one-line `why`.
 
@@ -62,8 +61,7 @@ FILE_TYPE_MIN_BYTES = {0: 4.0, 1: 2.0, 32: 2.0, 7: 34 / 32, 2: 18 / 32, 3: 20 / 
                        17: 144 / 256, 18: 176 / 256}
 LEAST_BYTES_PER_WEIGHT = 0.19  # IQ1_S, 1.56 bits
 KINDS = ("drm_gpu", "nvidia_gpu", "npu", "cpu")
-#: The kinds the engine's GPU backend runs on: a GPU with a DRM render node,
-#: and an NVIDIA GPU inferenced found without one (VMs: /dev/nvidiaN only).
+#: What the GPU backend runs on (nvidia_gpu: no DRM node, as in VMs).
 GPU_KINDS = frozenset({"drm_gpu", "nvidia_gpu"})
 ROLES = ("pipeline", "tensor")
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from syntrop.interfaces.runtime import (
     AdapterMismatch,
     ContextOverflow,
-    InvalidConstraint,
     InvalidModel,
     InvalidSampling,
     SessionNotFound,
@@ -594,12 +593,3 @@ class Host:
         if seat.lora_fd is not None:
             os.close(seat.lora_fd)
         return {}
-
-
-def check_constraint(error: Exception) -> InvalidConstraint | None:
-    """The declared error for a constraint that failed while decoding."""
-    from syntrop.runtimed.constrain import ConstraintError
-
-    if isinstance(error, ConstraintError):
-        return InvalidConstraint(reason=error.reason, message=error.message[:512])
-    return None

@@ -30,9 +30,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syntrop.runtimed import protocol
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.runtime import InvalidConstraint
 
 logger = logging.getLogger("syntrop.runtimed.worker")
 
@@ -169,8 +172,6 @@ class Loop:
                stop: threading.Event, received: float) -> None:
         from asyncvarlink import VarlinkErrorReply
 
-        from syntrop.runtimed.worker.host import check_constraint
-
         sink = WireSink(self.send, rid, stop, received)
         try:
             result, out = self.dispatch(op, args, fds, sink)
@@ -234,3 +235,13 @@ class Loop:
         if op not in handlers:
             raise ValueError(f"unknown operation {op!r}")
         return handlers[op](), []
+
+
+def check_constraint(error: Exception) -> "InvalidConstraint | None":
+    """The declared error for a constraint that failed while decoding."""
+    from syntrop.interfaces.runtime import InvalidConstraint
+    from syntrop.runtimed.constrain import ConstraintError
+
+    if isinstance(error, ConstraintError):
+        return InvalidConstraint(reason=error.reason, message=error.message[:512])
+    return None
