@@ -615,7 +615,8 @@ def test_responses_continue_a_stored_conversation_by_id(node: Node) -> None:
         client.responses.retrieve(second.id)
 
 
-def test_responses_function_calls_and_their_outputs_go_round(node: Node) -> None:
+def test_responses_function_calls_and_their_outputs_go_round_three_turns(
+        node: Node) -> None:
     import jsonschema
 
     client = _client(node)
@@ -635,6 +636,13 @@ def test_responses_function_calls_and_their_outputs_go_round(node: Node) -> None
                 "output": "Rain, 4 degrees."}])
     assert [item.type for item in answered.output] == ["message"]
     assert answered.output_text
+    # A third turn on the same stored conversation: the call, its output and
+    # the answer are all in its prompt.
+    third = client.responses.create(model="smollm2", previous_response_id=answered.id,
+                                    input="And tomorrow?", max_output_tokens=16)
+    assert third.output_text and third.previous_response_id == answered.id
+    assert answered.usage is not None and third.usage is not None
+    assert third.usage.input_tokens > answered.usage.input_tokens
 
 
 def test_responses_stream_the_same_text_as_their_final_response(node: Node) -> None:
