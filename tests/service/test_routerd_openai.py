@@ -59,10 +59,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield Node(f"http://127.0.0.1:{port}/v1", port)
 
 
+#: The clients a test made, closed when it ends (an unclosed one's socket is
+#: a ResourceWarning whenever the collector gets to it: an error here).
+_OPEN: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _client(node: Node) -> Any:
     import openai
 
-    return openai.OpenAI(base_url=node.base_url, api_key="unused", timeout=120, max_retries=0)
+    client = openai.OpenAI(base_url=node.base_url, api_key="unused", timeout=120,
+                           max_retries=0)
+    _OPEN.append(client)
+    return client
 
 
 def test_models_are_listed(node: Node) -> None:
@@ -488,8 +503,10 @@ GREEDY = {"temperature": 0}
 
 def _anthropic(node: Node) -> Any:
     anthropic = pytest.importorskip("anthropic", reason="pip install -e '.[test]'")
-    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{node.port}", api_key="unused",
-                               timeout=120, max_retries=0)
+    client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{node.port}", api_key="unused",
+                                 timeout=120, max_retries=0)
+    _OPEN.append(client)
+    return client
 
 
 def test_anthropic_messages_answer_with_text_and_usage(node: Node) -> None:
