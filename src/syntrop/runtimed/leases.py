@@ -31,7 +31,10 @@ freezes a leaser's own cgroup for its child), and is accounting only.
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from syntrop.interfaces.clients import Inference1Client
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ class Leases:
         #: GetTopology's planes (ComputePlane: id, kind), once asked.
         self.planes: list[Any] = []
 
-    async def _plane_id(self, inference: Any) -> str:
+    async def _plane_id(self, inference: "Inference1Client") -> str:
         """The CPU plane: where runtimed's leases are taken today (placing.py
         places a lease on any plane; asking for GPU planes is still to come)."""
         if self._plane is None:
@@ -126,8 +129,7 @@ class Leases:
                 self._warned = True
             return None
         self._warned = False
-        return Held(str(reply["lease_id"]), str(reply["plane_id"]),
-                    int(reply["allocated_memory"]))
+        return Held(reply["lease_id"], reply["plane_id"], reply["allocated_memory"])
 
     async def release(self, held: Held) -> None:
         """Give a lease back; one inferenced already dropped (its pid died)
