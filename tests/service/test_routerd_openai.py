@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import varlink
 
+from tests.conformance import ASK, CITY, GREEDY, SCHEMAS, TOOLS
 from tests.models import model_node, require_llama
 from tests.support import activated
 
@@ -145,13 +146,6 @@ def test_streaming_chat(node: Node) -> None:
     assert len({c.id for c in chunks}) == 1
 
 
-CITY = {"type": "object", "additionalProperties": False,
-        "required": ["city", "population"],
-        "properties": {"city": {"type": "string", "maxLength": 24},
-                       "population": {"type": "integer", "minimum": 0,
-                                      "maximum": 100_000_000}}}
-
-
 def test_json_schema_output_validates_every_time_at_temperature_1(node: Node) -> None:
     """response_format json_schema becomes runtimed's constraint: 50 tries at
     temperature 1, streamed and not, every answer valid against the schema."""
@@ -171,22 +165,6 @@ def test_json_schema_output_validates_every_time_at_temperature_1(node: Node) ->
         else:
             text = client.chat.completions.create(**arguments).choices[0].message.content or ""
         jsonschema.validate(json.loads(text), CITY)
-
-
-TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The weather in a city now.",
-        "parameters": {"type": "object", "additionalProperties": False,
-                       "required": ["city", "unit"],
-                       "properties": {"city": {"type": "string", "maxLength": 32},
-                                      "unit": {"enum": ["celsius", "fahrenheit"]}}}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "The sum of two integers.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["a", "b"],
-                       "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
 def _valid_call(call: Any, only: str | None = None) -> None:
@@ -496,10 +474,6 @@ def test_a_repeated_prefix_is_reported_as_cached_tokens(node: Node) -> None:
 
 
 # Anthropic's Messages API (POST /v1/messages) with its official client ---------
-
-#: The client has no sampling parameters; the API's temperature still works.
-GREEDY = {"temperature": 0}
-
 
 def _anthropic(node: Node) -> Any:
     anthropic = pytest.importorskip("anthropic", reason="pip install -e '.[test]'")
