@@ -2,9 +2,11 @@
 in order, in one shell, from the repository root, in dev mode (`make run`
 first), except blocks the README itself marks `<!-- readme: skip (why) -->`.
 
-It runs with a fresh $HOME (so the default dev directory is new) in a private
-network namespace (so the README's fixed port 32768 is ours, whatever else
-runs on this machine), and fails on the first command that fails.
+It runs with a fresh $HOME and $SYNTROP_DEV_DIR set inside it (the README
+must work where a user moved the dev directory; the default one is the
+launcher tests' business) in a private network namespace (so the README's
+fixed port 32768 is ours, whatever else runs on this machine), and fails on
+the first command that fails.
 """
 
 import os
@@ -56,6 +58,7 @@ def test_the_readme_walk_through_runs_as_written(tmp_path: Path) -> None:
                           "CONFIGURATION_DIRECTORY", "STATE_DIRECTORY", "CACHE_DIRECTORY",
                           "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env["HOME"] = str(home)
+    env["SYNTROP_DEV_DIR"] = str(home / "dev")
     result = subprocess.run(
         ["unshare", "-rn", "bash", "-c", f"ip link set lo up && exec bash {script}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
