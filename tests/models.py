@@ -103,3 +103,40 @@ def model_node(root: Path, stack: ExitStack) -> Iterator[Activated]:
     runtime = stack.enter_context(activated("runtimed", root))
     register(root, "smollm2", path, SMOLLM2_SHA256)
     yield runtime
+
+
+#: routerd in front of runtimed's SmolLM2, on a free loopback port.
+ROUTERD_TOML = ('default_model = "smollm2"\n[http]\nlisten = ["127.0.0.1:0"]\n'
+                '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n'
+                "timeout = 120\n")
+
+
+@contextlib.contextmanager
+def router_node(root: Path) -> Iterator[int]:
+    """routerd, socket-activated on `root` in front of model_node's runtimed
+    (SmolLM2 as "smollm2"), the model loaded by one request (runtimed starts
+    and loads on its first: here, not inside a test); yields routerd's
+    loopback HTTP port."""
+    import http.client
+    import json
+
+    import varlink
+
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "routerd.toml").write_text(ROUTERD_TOML)
+    with ExitStack() as stack, model_node(root, stack):
+        daemon = stack.enter_context(activated("routerd", root))
+        client = varlink.Client(address=daemon.address)
+        with client.open("io.syntrop.Router1") as router:
+            ingress = router.GetStatus()["ingress"]
+        client.cleanup()
+        port = next(int(a.rpartition(":")[2]) for a in ingress if a.startswith("127.0.0.1:"))
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connection.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}),
+            headers={"content-type": "application/json"})
+        status = connection.getresponse().status
+        connection.close()
+        if status != 200:
+            raise RuntimeError(f"routerd's warm-up request answered {status}")
+        yield port

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from syntrop.cli.launcher import DAEMONS, Daemon, daemon_environment
@@ -172,3 +173,19 @@ def require_nobody_can_run_us() -> None:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         pytest.skip(f"nobody cannot run this checkout's Python ({last}): "
                     "clone it where every user may read it")
+
+
+def load_script(name: str) -> "ModuleType":
+    """scripts/<name> (a Python program without .py) as a module, for the
+    unit tests of its pure parts."""
+    import importlib.machinery
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / name
+    module_name = name.replace("-", "_")
+    loader = importlib.machinery.SourceFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_loader(module_name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module

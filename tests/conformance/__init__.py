@@ -17,7 +17,6 @@ from tests.conformance.checks import (
     CHECKS,
     CITY,
     GREEDY,
-    ROUTERD_TOML,
     SCHEMAS,
     TOOLS,
     Check,
@@ -28,5 +27,5 @@ from tests.conformance.checks import (
     run_all,
 )
 
-__all__ = ["ASK", "CHECKS", "CITY", "GREEDY", "ROUTERD_TOML", "SCHEMAS", "TOOLS", "Check",
+__all__ = ["ASK", "CHECKS", "CITY", "GREEDY", "SCHEMAS", "TOOLS", "Check",
            "Clients", "Result", "clients", "run", "run_all"]

@@ -32,11 +32,6 @@ CITY: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["city", "population"],
     "properties": {"city": {"type": "string", "maxLength": 24},
                    "population": {"type": "integer", "minimum": 0, "maximum": 100_000_000}}}
-#: routerd.toml for routerd in front of runtimed's SmolLM2 ("smollm2"), on a
-#: loopback port of its choosing.
-ROUTERD_TOML = ('default_model = "smollm2"\n[http]\nlisten = ["127.0.0.1:0"]\n'
-                '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n'
-                "timeout = 120\n")
 #: The anthropic client has no sampling parameters; the API's temperature
 #: goes in the body.
 GREEDY = {"temperature": 0}

@@ -10,7 +10,6 @@ and every test fails if anything looks up or connects to a host other than
 the loopback one."""
 
 import asyncio
-import http.client
 import importlib.util
 import inspect
 import json
@@ -18,14 +17,11 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
-import varlink
 
-from tests.models import model_node, require_llama
-from tests.support import activated
+from tests.models import require_llama, router_node
 
 require_llama()
 for _client in ("litellm", "langchain_openai"):
@@ -44,7 +40,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Items? .* on TypedDict class '\\w+' (is|are) using the `ReadOnly` qualifier"
     ":UserWarning:pydantic._internal._generate_schema")
 
-NAME = "io.syntrop.Router1"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 TOOL: dict[str, Any] = {"type": "function", "function": {
@@ -68,25 +63,7 @@ NAME_A_CITY = [{"role": "user", "content": "Name a large city and its population
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """routerd in front of runtimed's SmolLM2 (as test_routerd_openai.py's
     node): its loopback /v1 URL."""
-    root = tmp_path_factory.mktemp("routerd-clients")
-    (root / "config").mkdir(parents=True, exist_ok=True)
-    (root / "config" / "routerd.toml").write_text(
-        'default_model = "smollm2"\n[http]\nlisten = ["127.0.0.1:0"]\n'
-        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n'
-        "timeout = 120\n")
-    with ExitStack() as stack, model_node(root, stack):
-        daemon = stack.enter_context(activated("routerd", root))
-        client = varlink.Client(address=daemon.address)
-        with client.open(NAME) as router:
-            ingress = router.GetStatus()["ingress"]
-        client.cleanup()
-        port = next(int(a.rpartition(":")[2]) for a in ingress if a.startswith("127.0.0.1:"))
-        # runtimed starts on its first connection: here, not inside a test.
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        connection.request("POST", "/v1/completions", body=json.dumps(
-            {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}))
-        assert connection.getresponse().status == 200
-        connection.close()
+    with router_node(tmp_path_factory.mktemp("routerd-clients")) as port:
         yield f"http://127.0.0.1:{port}/v1"
         _close_litellm_clients()
 

@@ -10,24 +10,20 @@ import json
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import varlink
 
 from tests.conformance import ASK, CITY, GREEDY, SCHEMAS, TOOLS
-from tests.models import model_node, require_llama
-from tests.support import activated
+from tests.models import require_llama, router_node
 
 require_llama()
 if importlib.util.find_spec("openai") is None:
     pytest.skip("the openai client is not installed (pip install -e '.[test]')",
                 allow_module_level=True)
 
-NAME = "io.syntrop.Router1"
 
 
 @dataclass
@@ -38,25 +34,7 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    root = tmp_path_factory.mktemp("routerd-openai")
-    (root / "config").mkdir(parents=True, exist_ok=True)
-    (root / "config" / "routerd.toml").write_text(
-        'default_model = "smollm2"\n[http]\nlisten = ["127.0.0.1:0"]\n'
-        '[[providers]]\nid = "local"\nkind = "runtimed"\nmodels = ["smollm2"]\n'
-        "timeout = 120\n")
-    with ExitStack() as stack, model_node(root, stack):
-        daemon = stack.enter_context(activated("routerd", root))
-        client = varlink.Client(address=daemon.address)
-        with client.open(NAME) as router:
-            ingress = router.GetStatus()["ingress"]
-        client.cleanup()
-        port = next(int(a.rpartition(":")[2]) for a in ingress if a.startswith("127.0.0.1:"))
-        # runtimed starts on its first connection: here, not inside a test.
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        connection.request("POST", "/v1/completions", body=json.dumps(
-            {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}))
-        assert connection.getresponse().status == 200
-        connection.close()
+    with router_node(tmp_path_factory.mktemp("routerd-openai")) as port:
         yield Node(f"http://127.0.0.1:{port}/v1", port)
 
 

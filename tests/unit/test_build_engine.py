@@ -1,26 +1,12 @@
 """scripts/build-engine cuts ggml's x86-64 CPU variants to the ones it keeps,
 and fails, saying so, where llama.cpp's list is not the one it knows."""
 
-import importlib.machinery
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-engine"
+from tests.support import load_script
 
-
-def _script() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("build_engine", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("build_engine", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-build_engine = _script()
+build_engine = load_script("build-engine")
 
 
 def _cmake(names: tuple[str, ...]) -> str:

@@ -1,28 +1,15 @@
 """scripts/gpu-check --prepare repacks llama-cpp-python's sdist without
 what its build never reads: the rule, and a repack of a small fake sdist."""
 
-import importlib.machinery
-import importlib.util
 import io
 import tarfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check"
+from tests.support import load_script
 
-
-def _script() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("gpu_check", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-gpu_check = _script()
+gpu_check = load_script("gpu-check")
 
 
 @pytest.mark.parametrize("path", [
