@@ -454,9 +454,12 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
             for key in ("sk-first", "sk-second"):
                 status, answer, _ = post({"authorization": f"Bearer {key}"})
                 assert status == 404 and answer["error"]["code"] == "model_not_found"
-            # Anthropic's clients send theirs as X-Api-Key.
-            status, answer, _ = post({"x-api-key": "sk-second"})
-            assert status == 404 and answer["error"]["code"] == "model_not_found"
+            # Anthropic's clients send theirs as X-Api-Key (a proxy's Basic
+            # Authorization beside it does not hide it).
+            for headers in ({"x-api-key": "sk-second"},
+                            {"authorization": "Basic c2stZmlyc3Q=", "x-api-key": "sk-first"}):
+                status, answer, _ = post(headers)
+                assert status == 404 and answer["error"]["code"] == "model_not_found"
             assert router.request("GET", "/health")[0] == 200
             base = f"http://127.0.0.1:{router.port}/v1"
             with pytest.raises(openai.AuthenticationError):

@@ -227,7 +227,7 @@ class HTTPServer:
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
                 if scheme.lower() != b"bearer":
-                    return False
+                    continue  # another scheme (a proxy's Basic): an X-Api-Key may follow
                 presented = token.strip()
             elif name == b"x-api-key":  # how Anthropic's clients send theirs
                 presented = value.strip()

@@ -397,8 +397,10 @@ class _Stream:
                 item = self.calls[call.get("index", 0)]
                 if function.get("arguments"):
                     item["arguments"] += function["arguments"]
+                    # the call's own item: calls' fragments may interleave
                     out.append(self.event("response.function_call_arguments.delta",
-                                          item_id=item["id"], output_index=self._index(),
+                                          item_id=item["id"],
+                                          output_index=self.items.index(item),
                                           delta=function["arguments"]))
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
@@ -485,8 +487,13 @@ class Responses:
             for data in parser.feed(part):
                 if data == "[DONE]":
                     continue
-                chunk = json.loads(data)
-                if isinstance(chunk, dict) and "error" in chunk:
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    continue  # not a chunk: what else a provider may send
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk:
                     failed = {**started, "status": "failed", "error": {
                         "code": "server_error", "message": str(chunk["error"])}}
                     yield state.event("response.failed", response=failed)

@@ -213,3 +213,40 @@ def test_a_stream_becomes_responses_events_and_is_kept(tmp_path: Path) -> None:
     assert kept[0][-1] == {"type": "function_call", "call_id": "call_9", "name": "f",
                            "arguments": '{"a": 1}'}
     api.store.close()
+
+
+def test_a_stream_skips_what_is_not_a_chunk_and_tags_each_calls_fragments(
+        tmp_path: Path) -> None:
+    def calls(*parts: tuple[int, dict[str, Any]]) -> dict[str, Any]:
+        return {"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": None,
+                "delta": {"tool_calls": [{"index": i, **p} for i, p in parts]}}]}
+
+    async def sse() -> AsyncIterator[bytes]:
+        yield b"data: not json\n\n"
+        yield b"data: [1, 2]\n\n"
+        for chunk in (calls((0, {"id": "a", "function": {"name": "f", "arguments": "{"}})),
+                      calls((1, {"id": "b", "function": {"name": "g", "arguments": "["}})),
+                      calls((0, {"function": {"arguments": "}"}})),
+                      calls((1, {"function": {"arguments": "]"}}))):
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    async def chat(body: bytes) -> Response:
+        return Response(200, content_type="text/event-stream", stream=sse())
+
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+
+    async def run() -> list[dict[str, Any]]:
+        answer = await api.handle("POST", "/v1/responses", json.dumps(
+            {"model": "m", "input": "hi", "stream": True, "store": False}).encode(), chat)
+        assert answer.stream is not None
+        text = b"".join([part async for part in answer.stream]).decode()
+        return [json.loads(block.split("\ndata: ")[1]) for block in text.strip().split("\n\n")]
+
+    events = asyncio.run(run())
+    assert events[-1]["type"] == "response.completed"
+    fragments = [(e["output_index"], e["delta"]) for e in events
+                 if e["type"] == "response.function_call_arguments.delta"]
+    assert fragments == [(0, "{"), (1, "["), (0, "}"), (1, "]")]
+    assert [i["arguments"] for i in events[-1]["response"]["output"]] == ["{}", "[]"]
+    api.store.close()
