@@ -1,30 +1,59 @@
 #!/usr/bin/env python3
-"""Time to first token of a shared-prefix chat workload over three syntrop
-nodes: routed by prefix affinity (one node's routerd, the fleet on etcd)
-against round-robin over the three nodes (the baseline, same run).
+"""Time to first token and throughput of a shared-prefix chat workload over
+three syntrop nodes, three ways in the same run: routed by prefix affinity
+(the fleet on etcd, random entry nodes), round-robin over the three nodes
+(the baseline), and an oracle that reads every node's cache before each
+request (the ceiling affinity is measured against).
 
 Each node is a whole dev suite (`syn up --dir`, modeld, runtimed with
 SmolLM2 and 2 slots, routerd on a port of its own). The workload: PREFIXES
-system prompts of about 1.5k tokens each, every request one of them and a
-question of its own, in a seeded shuffled order, streamed, 4 tokens. Each
-phase starts on fresh nodes and loads the model on each before the clock
-runs, so only prefill and routing differ.
+users, each with a system prompt of about 1.5k tokens of its own; every
+request one user's prompt and a question of its own, in a seeded shuffled
+order, streamed, 4 tokens. Each phase starts on fresh nodes and loads the
+model on each before the clock runs, so only prefill and routing differ.
 
-- round-robin: request i goes to node i mod 3, whose routerd serves it
-  locally (no fleet).
-- affinity: every request goes to node a, whose routerd routes it by the
+- affinity: request i enters through a node drawn at random (from --seed,
+  like the requests' order), whose routerd routes it by the
   prefixes the nodes' runtimed report through etcd (and where it sent
   what), to itself or a peer.
+- round-robin: request i goes to node i mod 3, whose routerd serves it
+  locally (no fleet).
+- oracle: no fleet. Before each request the bench waits until no node is
+  running a request, reads every node's runtimed cache (Runtime1.GetLoad:
+  the prefix digests its idle contexts hold), computes the request's digest
+  chain with syntrop's own functions (syntrop.prefix.chain over the turns
+  routerd would send, syntrop.routerd.providers.runtimed.turns) and sends it
+  straight to the node holding its longest prefix (syntrop.prefix.matched),
+  else to the node with the fewest cached contexts (the most room). Its
+  look-ups are outside its TTFT but inside its phase's wall time.
 
-    python bench/bench_affinity.py [--requests N] [--prefixes P]
+A hit is measured, not guessed: every request asks for stream_options
+include_usage, and routerd's last chunk carries runtimed's
+usage.prompt_tokens_details.cached_tokens (tokens whose KV a context
+already held). A request is a hit when those cover the system prompt: at
+least prompt_tokens less a bound on the user turn's tokens (its characters,
+plus 16 for the chat template). Only a response without that field (none is
+expected from runtimed's default layout) falls back to a TTFT under 1 s,
+and the output counts how many did.
 
-About 5 minutes on 2 cores (a miss is seconds of prefill there). Needs etcd
+Throughput is requests per second over each phase's sequential run (one
+client, each request read to its end; requests / wall seconds from the
+first request to the last answer), not a concurrent load test.
+
+Acceptance: round-robin's TTFT p50 at least 5x affinity's; affinity's hits
+at least 90% of the oracle's.
+
+    python bench/bench_affinity.py [--requests N] [--prefixes P] [--seed S] [--trace]
+
+About 8 minutes on 2 cores (a miss is seconds of prefill there). Needs etcd
 (scripts/apt-deps) and the SmolLM2 package.
 """
 
 import argparse
+import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -35,13 +64,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 SYN = [sys.executable, "-m", "syntrop.cli.syn"]
 NODES = ("a", "b", "c")
+#: Tokens of a user turn beyond its characters: the chat template's markers.
+TEMPLATE_TOKENS = 16
+#: The fallback's hit: a TTFT under this many seconds (a miss's prefill of
+#: ~1.5k tokens takes several on 2 cores).
+HIT_S = 1.0
+PHASES = ("affinity", "round-robin", "oracle")
 
 
 def free_port() -> int:
@@ -49,6 +86,18 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "model name":
+            return value.strip()
+    return "unknown"
 
 
 def system_prompt(index: int) -> str:
@@ -98,7 +147,7 @@ def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def nodes(root: Path, fleet: str | None) -> Iterator[dict[str, int]]:
-    """Three dev suites; their HTTP ports by node."""
+    """Three dev suites under root/<node>; their HTTP ports by node."""
     ports = {name: free_port() for name in NODES}
     started = []
     try:
@@ -115,7 +164,7 @@ def nodes(root: Path, fleet: str | None) -> Iterator[dict[str, int]]:
                            check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
             started.append(directory)
         for port in ports.values():  # the model loaded on every node
-            def answered(port: int = port) -> tuple[float, str]:
+            def answered(port: int = port) -> "Answer":
                 return ask(port, [{"role": "user", "content": "Hi"}])
             wait_for(answered)
         if fleet:
@@ -137,81 +186,209 @@ def members(directory: Path) -> list[str]:
         return list(router.GetStatus()["fleet_members"])
 
 
-def ask(port: int, messages: list[dict[str, str]]) -> tuple[float, str]:
-    """Seconds to the first content of a streamed chat (read to its end),
-    and the provider that served it (routerd's x-syntrop-provider)."""
+@dataclass(frozen=True, slots=True)
+class Cache:
+    """What one node's runtimed holds now (Runtime1.GetLoad)."""
+
+    prefixes: frozenset[str]
+    contexts: int
+    busy: int
+
+
+async def _load(directory: Path) -> Cache:
+    from syntrop.interfaces.runtime import Runtime1
+    from syntrop.varlink.client import connect
+
+    address = f"unix:{directory}/run/io.syntrop.Runtime1"
+    async with await connect(Runtime1, address=address, timeout=10) as runtime:
+        load = await runtime.GetLoad()
+    models = load.get("models") or []
+    # One model (SmolLM2) is loaded: its prefixes are the node's.
+    return Cache(frozenset(d for m in models for d in (m.prefixes or [])),
+                 sum(m.cached_contexts or 0 for m in models), sum(m.busy for m in models))
+
+
+def caches(directories: dict[str, Path]) -> dict[str, Cache]:
+    """Every node's cache once no node runs a request (a stream's result,
+    which updates its report, lands just after its last chunk)."""
+    async def read() -> dict[str, Cache]:
+        deadline = time.monotonic() + 10
+        while True:
+            found = dict(zip(directories, await asyncio.gather(
+                *(_load(d) for d in directories.values())), strict=True))
+            if not any(c.busy for c in found.values()) or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.02)
+    return asyncio.run(read())
+
+
+def oracle_node(chat: list[dict[str, str]], found: dict[str, Cache]) -> tuple[str, int]:
+    """The node holding the longest prefix of `chat` (and its characters),
+    else the one with the fewest cached contexts (0 characters)."""
+    from syntrop.prefix import chain, matched
+    from syntrop.routerd.providers.runtimed import turns
+
+    sent = turns({"model": "smollm2", "messages": chat})
+    if sent is None:
+        raise SystemExit("bench_affinity: routerd would refuse the workload's chat")
+    prefixes = chain(sent)
+    best = max(NODES, key=lambda n: (matched(prefixes, found[n].prefixes),
+                                     -found[n].contexts, -NODES.index(n)))
+    return best, matched(prefixes, found[best].prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    ttft: float
+    provider: str
+    prompt_tokens: int | None
+    cached_tokens: int | None
+
+
+def ask(port: int, messages: list[dict[str, str]]) -> Answer:
+    """A streamed chat read to its end: seconds to its first content, the
+    provider that served it (routerd's x-syntrop-provider) and its usage."""
     started = time.perf_counter()
     body = {"model": "smollm2", "max_tokens": 4, "temperature": 0, "stream": True,
-            "messages": messages}
+            "stream_options": {"include_usage": True}, "messages": messages}
+    first = None
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
                       timeout=120) as response:
         response.raise_for_status()
-        first = None
         for line in response.iter_lines():  # to the end, as clients read
-            if first is None and line.startswith("data: {") and '"content"' in line:
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if first is None and any((c.get("delta") or {}).get("content")
+                                     for c in chunk.get("choices") or []):
                 first = time.perf_counter() - started
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
     if first is None:
         raise RuntimeError("the stream ended without content")
-    return first, response.headers.get("x-syntrop-provider", "?")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = usage.get("prompt_tokens")
+    return Answer(first, response.headers.get("x-syntrop-provider", "?"),
+                  prompt if isinstance(prompt, int) else None,
+                  cached if isinstance(cached, int) else None)
 
 
-def workload(requests: int, prefixes: int) -> list[list[dict[str, str]]]:
-    rng = random.Random(7)
+@dataclass(frozen=True, slots=True)
+class Request:
+    messages: list[dict[str, str]]
+    user: int
+    entry: str  # the affinity phase's entry node
+
+
+def workload(requests: int, prefixes: int, seed: int) -> list[Request]:
+    rng = random.Random(seed)
     order = [i % prefixes for i in range(requests)]
     rng.shuffle(order)
-    return [[{"role": "system", "content": system_prompt(p)},
-             {"role": "user", "content": f"Question {n}: which one is the oldest?"}]
-            for n, p in enumerate(order)]
+    entries = [rng.choice(NODES) for _ in order]
+    return [Request([{"role": "system", "content": system_prompt(p)},
+                     {"role": "user", "content": f"Question {n}: which one is the oldest?"}],
+                    p, entry)
+            for n, (p, entry) in enumerate(zip(order, entries, strict=True))]
 
 
-def phase(root: Path, chats: list[list[dict[str, str]]], affinity: bool,
-          trace: bool) -> list[float]:
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ttft: float
+    hit: bool
+    measured: bool  # the hit from cached_tokens, not the TTFT fallback
+
+
+def judged(answer: Answer, messages: list[dict[str, str]]) -> Sample:
+    if answer.cached_tokens is None or answer.prompt_tokens is None:
+        return Sample(answer.ttft, answer.ttft < HIT_S, False)
+    user = len(messages[-1]["content"]) + TEMPLATE_TOKENS
+    return Sample(answer.ttft, answer.cached_tokens >= answer.prompt_tokens - user, True)
+
+
+def phase(root: Path, name: str, work: list[Request],
+          trace: bool) -> tuple[list[Sample], float]:
+    """Each request's sample, and the phase's wall seconds."""
     samples = []
     with contextlib.ExitStack() as stack:
-        fleet = stack.enter_context(etcd(root)) if affinity else None
+        fleet = stack.enter_context(etcd(root)) if name == "affinity" else None
         ports = stack.enter_context(nodes(root, fleet))
-        for i, chat in enumerate(chats):
-            node = "a" if affinity else NODES[i % len(NODES)]
-            seconds, provider = ask(ports[node], chat)
-            samples.append(seconds)
+        directories = {n: root / n for n in NODES}
+        started = time.perf_counter()
+        for i, request in enumerate(work):
+            note = ""
+            if name == "affinity":
+                node = request.entry
+            elif name == "round-robin":
+                node = NODES[i % len(NODES)]
+            else:
+                node, chars = oracle_node(request.messages, caches(directories))
+                note = f" (resident {chars} chars)"
+            answer = ask(ports[node], request.messages)
+            sample = judged(answer, request.messages)
+            samples.append(sample)
             if trace:
-                print(f"  {'affinity' if affinity else 'round-robin'} {i:3d} "
-                      f"{chat[0]['content'][:40]!r}... node {node} -> {provider}: "
-                      f"{seconds:.3f} s", file=sys.stderr)
-    return samples
+                print(f"  {name:<11} {i:3d} user {request.user} node {node} -> "
+                      f"{answer.provider}{note}: {answer.ttft:.3f} s, cached "
+                      f"{answer.cached_tokens}/{answer.prompt_tokens}"
+                      f"{' hit' if sample.hit else ''}", file=sys.stderr)
+        wall = time.perf_counter() - started
+    return samples, wall
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {"mean": statistics.fmean(ordered), "p50": ordered[len(ordered) // 2],
-            "p90": ordered[int(len(ordered) * 0.9)],
-            "hits": sum(1 for s in ordered if s < 1.0)}
+def percentile(ordered: list[float], q: float) -> float:
+    """Nearest rank: the smallest sample with at least q of them at or below."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary(samples: list[Sample], wall: float) -> dict[str, float]:
+    ordered = sorted(s.ttft for s in samples)
+    return {"mean": statistics.fmean(ordered), "p50": statistics.median(ordered),
+            "p99": percentile(ordered, 0.99), "hits": sum(s.hit for s in samples),
+            "hits_by_ttft": sum(not s.measured for s in samples),
+            "requests": len(samples), "wall_s": wall, "rps": len(samples) / wall}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--prefixes", type=int, default=6)
+    parser.add_argument("--prefixes", type=int, default=6,
+                        help="users, each with a system prompt of its own")
+    parser.add_argument("--seed", type=int, default=7,
+                        help="the order of the requests and the affinity phase's entry nodes")
     parser.add_argument("--trace", action="store_true",
-                        help="print each request's node, provider and TTFT")
+                        help="print each request's node, provider, TTFT and cached tokens")
     args = parser.parse_args()
     if shutil.which("etcd") is None:
         raise SystemExit("bench_affinity: etcd is not installed (scripts/apt-deps)")
-    chats = workload(args.requests, args.prefixes)
+    work = workload(args.requests, args.prefixes, args.seed)
     results = {}
-    for name, affinity in (("round-robin", False), ("affinity", True)):
+    for name in PHASES:
         with tempfile.TemporaryDirectory(prefix=f"syntrop-affinity-{name}-") as scratch:
-            results[name] = summary(phase(Path(scratch), chats, affinity, args.trace))
-    base, ours = results["round-robin"], results["affinity"]
-    print(f"{args.requests} requests, {args.prefixes} prefixes of ~1.5k tokens, 3 nodes x 2 "
-          f"slots, load {os.getloadavg()[0]:.2f}")
-    print(f"{'routing':<12} {'mean s':>8} {'p50 s':>8} {'p90 s':>8} {'hits':>6}")
+            results[name] = summary(*phase(Path(scratch), name, work, args.trace))
+    ours, base, oracle = (results[n] for n in PHASES)
+    print(f"{args.requests} requests, {args.prefixes} users with system prompts of ~1.5k "
+          f"tokens, seed {args.seed}, 3 nodes x 2 slots; {cpu_model()}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print("hits: cached_tokens covering the system prompt (usage.prompt_tokens_details); "
+          "throughput: requests / wall seconds of each phase's sequential run")
+    print(f"{'routing':<12} {'mean s':>8} {'p50 s':>8} {'p99 s':>8} {'hits':>7} {'req/s':>7}")
     for name, row in results.items():
-        print(f"{name:<12} {row['mean']:8.3f} {row['p50']:8.3f} {row['p90']:8.3f} "
-              f"{int(row['hits']):6d}")
-    print(f"affinity / round-robin mean TTFT: {ours['mean'] / base['mean']:.3f} "
-          f"({base['mean'] / ours['mean']:.1f}x faster)")
-    print(json.dumps(results))
+        fallback = f" ({int(row['hits_by_ttft'])} by TTFT)" if row["hits_by_ttft"] else ""
+        print(f"{name:<12} {row['mean']:8.3f} {row['p50']:8.3f} {row['p99']:8.3f} "
+              f"{int(row['hits']):3d}/{int(row['requests']):<3d} {row['rps']:7.3f}{fallback}")
+    speedup = base["p50"] / ours["p50"]
+    share = ours["hits"] / oracle["hits"] if oracle["hits"] else None
+    print(f"round-robin p50 / affinity p50: {speedup:.1f}x (floor 5x: "
+          f"{'met' if speedup >= 5 else 'NOT met'})")
+    if share is None:
+        print("affinity hits / oracle hits: the oracle had no hit (floor 90%: not judged)")
+    else:
+        print(f"affinity hits / oracle hits: {share:.0%} (floor 90%: "
+              f"{'met' if share >= 0.9 else 'NOT met'})")
+    print(json.dumps({"requests": args.requests, "prefixes": args.prefixes, "seed": args.seed,
+                      "phases": results, "p50_speedup": speedup, "hit_share": share}))
 
 
 if __name__ == "__main__":
