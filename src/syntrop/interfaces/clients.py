@@ -291,7 +291,15 @@ class Runtime1Client(Connection, Protocol):
         constraint: runtime.Constraint | None = None,
         priority: str | None = None,
         continue_last: bool | None = None,
+        prefix_state: FileDescriptor | None = None,
     ) -> AsyncGenerator[Runtime1ChatReply, None]: ...
+
+    async def Prefill(
+        self,
+        *,
+        model: str,
+        messages: list[runtime.ChatMessage],
+    ) -> AbstractContextManager[runtime.PrefillResult]: ...
 
     async def Embed(
         self,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from asyncvarlink import TypedVarlinkErrorReply
+from asyncvarlink import FileDescriptor, TypedVarlinkErrorReply
 
 from syntrop.interfaces import names
 from syntrop.varlink.authz import not_authorized
@@ -452,6 +452,13 @@ class EmbedResult(TypedDict):
     dimensions: int
 
 
+class PrefillResult(TypedDict):
+    state: FileDescriptor
+    tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+
+
 class UnloadResult(TypedDict):
     unloaded: list[str]
     in_use: list[str]
@@ -812,7 +819,7 @@ class Runtime1(Interface, name=NAME):
     def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
         constraint: Constraint | None = None, priority: str | None = None,
-        continue_last: bool | None = None,
+        continue_last: bool | None = None, prefix_state: FileDescriptor | None = None,
     ) -> AsyncIterator[Chunk]:
         """Answer a chat with the model's own template. Call with "more".
 
@@ -825,9 +832,33 @@ class Runtime1(Interface, name=NAME):
             continue_last: The last message is an answer begun (role
                 assistant): continue it, its turn left open, rather than
                 answer after it (a stream resumed on another node).
+            prefix_state: A Prefill's state of this chat's prompt (another
+                node's prefill hand-off; root, runtimed's own user or the
+                runtime.manage authorization): restored instead of
+                prefilling what it holds. A state of another prompt, or one
+                that does not fit, is not used (the prompt is prefilled).
 
         Returns:
             chunk: The next piece of the answer.
+        """
+
+    @method
+    def Prefill(self, *, model: str, messages: list[ChatMessage]) -> PrefillResult:
+        """Prefill a chat's prompt but its last token, 1024 tokens per step,
+        and hand out its KV state, for a node busy decoding to answer it
+        from (Chat's prefix_state): the fleet's prefill hand-off. Root,
+        runtimed's own user or the runtime.manage authorization.
+
+        Parameters:
+            model: Model name in modeld.
+            messages: The conversation, as Chat will be asked it.
+
+        Returns:
+            state: A memfd: the token count (8 bytes, little-endian), the
+                tokens (4 bytes each), then llama.cpp's sequence state.
+            tokens: Tokens the state holds.
+            reused_tokens: Of those, what a context here held already.
+            prefilled_tokens: Of those, what was computed now.
         """
 
     @method

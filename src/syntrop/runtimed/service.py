@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from asyncvarlink import AnnotatedResult
+from asyncvarlink import AnnotatedResult, FileDescriptor
 
 from syntrop.config import Paths
 from syntrop.interfaces import names
@@ -44,12 +44,11 @@ from syntrop.interfaces.runtime import (
     Embedding,
     EmbedResult,
     EngineResult,
-    EngineVariant,
-    LoadedModel,
     LoadResult,
     NoPrefix,
     NotAuthorized,
     OpenSessionResult,
+    PrefillResult,
     PrefixStatus,
     Runtime1,
     Sampling,
@@ -59,7 +58,7 @@ from syntrop.interfaces.runtime import (
     SuffixStatus,
     UnloadResult,
 )
-from syntrop.runtimed import checks
+from syntrop.runtimed import checks, reports
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
 from syntrop.runtimed.protocol import Options
@@ -102,6 +101,15 @@ ERRORS: dict[type[Exception], Callable[[Any], Exception]] = {
     StaleSession: lambda stale: StaleOwner(session_id=stale.session_id,
                                            owner_instance_id=stale.owner),
 }
+
+
+def _turns(messages: list[ChatMessage]) -> list[list[str]]:
+    """A chat's messages as the worker takes them; InvalidParameter when
+    there are none, too many, or one is too long or of an unknown role."""
+    if not messages or len(messages) > MAX_MESSAGES or \
+            any(m.role not in ROLES or len(m.content) > MAX_TEXT for m in messages):
+        raise InvalidParameter(parameter="messages")
+    return [[m.role, m.content] for m in messages]
 
 
 @contextlib.contextmanager
@@ -218,9 +226,11 @@ class RuntimeService(Runtime1):
 
     async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
                         constraint: Constraint | None, label: str, priority: str | None = None,
-                        ) -> AsyncIterator[AnnotatedResult]:
+                        state: FileDescriptor | None = None) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
         triage = await checks.triage(priority)
+        if state is not None:
+            await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized)
         options = checks.options(None, self.config)
         compiled = await checks.constraint(constraint)
         params = checks.bounded(checks.params(sampling, options.n_ctx), compiled, options.n_ctx)
@@ -241,7 +251,8 @@ class RuntimeService(Runtime1):
                 held.callback(self._batch_left, resident)
             call = self._open(resident, "generate",
                               {**prompt, "options": asdict(options),
-                               **checks.decoding(params, compiled, speculative)}, label=label)
+                               **checks.decoding(params, compiled, speculative)},
+                              [state.fileno()] if state is not None else (), label=label)
         except BaseException:
             held.close()
             raise
@@ -268,21 +279,38 @@ class RuntimeService(Runtime1):
     async def Chat(
         self, *, model: str, messages: list[ChatMessage], sampling: Sampling | None = None,
         constraint: Constraint | None = None, priority: str | None = None,
-        continue_last: bool | None = None,
+        continue_last: bool | None = None, prefix_state: FileDescriptor | None = None,
     ) -> AsyncIterator[AnnotatedResult]:
-        if not messages or len(messages) > MAX_MESSAGES:
-            raise InvalidParameter(parameter="messages")
-        if any(m.role not in ROLES or len(m.content) > MAX_TEXT for m in messages):
-            raise InvalidParameter(parameter="messages")
+        turns = _turns(messages)
         if continue_last and (messages[-1].role != "assistant" or not messages[-1].content):
             raise InvalidParameter(parameter="continue_last")
-        turns = [[m.role, m.content] for m in messages]
         prompt: dict[str, Any] = {"messages": turns}
         if continue_last:
             prompt["continue_last"] = True
         async for reply in self._generate(model, sampling, prompt, constraint,
-                                          "Chat", priority):
+                                          "Chat", priority, prefix_state):
             yield reply
+
+    @implements
+    async def Prefill(self, *, model: str, messages: list[ChatMessage]) -> PrefillResult:
+        turns = _turns(messages)
+        await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized)
+        options = checks.options(None, self.config)
+        with contextlib.ExitStack() as held:
+            resident = await self._hold(model)
+            held.callback(resident.release)
+            await self._slot()
+            held.callback(self.slots.release)
+            with contract():
+                result, fds = await resident.worker.request_fds(
+                    "export", {"messages": turns, "options": asdict(options)}, label="Prefill")
+        if len(fds) != 1:  # cancelled: nobody is waiting for it
+            for fd in fds:
+                os.close(fd)
+            raise InvalidParameter(parameter="messages")
+        return {"state": FileDescriptor(fds[0], should_close=True), "tokens": result["tokens"],
+                "reused_tokens": result["reused_tokens"],
+                "prefilled_tokens": result["prefilled_tokens"]}
 
     @implements
     async def Embed(self, *, model: str, input: list[str]) -> EmbedResult:
@@ -553,41 +581,11 @@ class RuntimeService(Runtime1):
 
     @implements
     def GetLoad(self) -> LoadResult:
-        now = time.monotonic()
-        models = []
-        for name, m in sorted(self.models.items()):
-            sessions = sum(s.engine.resident is m for s in self.seats)
-            # Each open session holds its model once; the rest are requests.
-            batch_free = None if m.batch_running is None else \
-                max(0, self.config.slots - m.batch_running)
-            models.append(LoadedModel(name=name, resident_bytes=m.size,
-                                      busy=max(0, m.busy - sessions), sessions=sessions,
-                                      keep_alive_s=self.residency.keep_alive_left(m, now),
-                                      batch_free=batch_free, prefixes=m.prefixes,
-                                      cached_contexts=m.cached_contexts))
-        return {
-            "free_slots": self.slots.free,
-            "total_slots": self.slots.total,
-            "resident_bytes": sum(m.size for m in self.models.values()),
-            "loaded_models": sorted(self.models),
-            "queue_depth": self.slots.queue_depth,
-            "models": models,
-            "spilled_sessions": len(self.seats.spill),
-        }
+        return reports.load(self.residency, self.seats, self.slots)
 
     @implements
     async def GetEngine(self) -> EngineResult:
-        choice = await self.engine()
-        workers = self.residency.report(time.monotonic())
-        info = next((r.worker.system_info for r in self.models.values() if r.worker.system_info),
-                    None)
-        return {
-            "cpu": choice.cpu, "build": choice.build, "variant": choice.variant,
-            "variants": [EngineVariant(name=n, score=s) for n, s in
-                         sorted(choice.scores.items(), key=lambda item: -item[1])],
-            "amx": choice.amx.detail, "extra_buffer_types": choice.extra_bufts,
-            "reason": choice.reason, "system_info": info, "workers": workers,
-        }
+        return reports.engine(await self.engine(), self.residency)
 
     async def aclose(self) -> None:
         """Stop every worker and drop spilled state."""

@@ -39,6 +39,7 @@ from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.protocol import Options, Placed
 from syntrop.runtimed.sampling import Params
+from syntrop.runtimed.worker import handoff
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Output, Overflow
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
 from syntrop.runtimed.worker.saved import read_saved, write_saved
@@ -222,8 +223,10 @@ class Host:
 
     # streams ------------------------------------------------------------------
 
-    def generate(self, args: dict[str, Any], sink: Sink) -> dict[str, Any]:
-        """A completion (`prompt`) or chat (`messages`) stream."""
+    def generate(self, args: dict[str, Any], sink: Sink, fds: list[int]) -> dict[str, Any]:
+        """A completion (`prompt`) or chat (`messages`) stream; fds[0], if
+        any, a prefill handed in for its prompt (handoff.py)."""
+        saved = handoff.handed(fds)
         options = options_from(args["options"])
         params = params_from(args["params"])
         compiled = _constraint(args.get("constraint"))
@@ -260,6 +263,7 @@ class Host:
                            budget=params.max_tokens)
         try:
             counts = Counts(_reasoning(engine, params))
+            handoff.adopt(engine, saved, tokens)
             with contextlib.ExitStack() as held:
                 drafter = None if speculative is None else \
                     self._drafter(speculative, engine, options, held)

@@ -221,10 +221,20 @@ class Loop:
             return host.open(args, fds), []
         if op == "restore":
             return host.restore(args, fds), []
+        if op == "generate":
+            return host.generate(args, sink, fds), []
+        if op == "export":
+            from syntrop.runtimed.worker import handoff
+            from syntrop.runtimed.worker.host import options_from
+
+            for fd in fds:
+                os.close(fd)
+            return handoff.export(host._pool(), options_from(args["options"]),
+                                  [(str(r), str(c)) for r, c in args["messages"]],
+                                  host.slots, sink.stop, host.pace)
         for fd in fds:
             os.close(fd)
         handlers: dict[str, Callable[[], dict[str, Any]]] = {
-            "generate": lambda: host.generate(args, sink),
             "decode": lambda: host.decode(args, sink),
             "embed": lambda: host.embed(args),
             "prefix": lambda: host.prefix(args),

@@ -1,0 +1,106 @@
+"""Prefill hand-off inside a worker: a chat's prompt prefilled here and its
+KV state handed out (`export`), and a state handed in put under a prompt
+before it is answered (`adopt`).
+
+A fleet node whose home for a long prompt is busy decoding asks an idle
+node to prefill it (Runtime1.Prefill); the home answers with the state
+restored (Runtime1.Chat's prefix_state) and evaluates only the prompt's
+last token, for its logits. The state is llama.cpp's sequence state in
+worker/saved.py's format; the prefill runs CHUNK tokens per evaluation,
+the cancel and the pace board looked at between chunks.
+"""
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+from syntrop.interfaces.runtime import ContextOverflow, InvalidModel
+from syntrop.prefix import reported
+from syntrop.runtimed.layout import Pace
+from syntrop.runtimed.protocol import Options
+from syntrop.runtimed.sessions import common_prefix
+from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Overflow, Saved
+from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
+from syntrop.runtimed.worker.saved import read_saved, write_saved
+from syntrop.varlink import InvalidParameter
+
+logger = logging.getLogger(__name__)
+
+#: Prompt tokens evaluated per step of an exported prefill (the seed's
+#: micro-batch): a cancel waits at most one chunk.
+CHUNK = 1024
+
+
+def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots: int,
+           stop: threading.Event, pace: Pace) -> tuple[dict[str, int], list[int]]:
+    """Prefill the chat `turns`' prompt but its last token in a context of
+    the pool (reusing what one holds of it), in CHUNK-token steps; its
+    state in a memfd, and how many tokens were reused and computed (no
+    memfd when `stop` is set before the last chunk)."""
+    try:
+        tokens, _ = pool.tokenizer().chat_prompt(list(turns))
+    except LoadError as error:
+        raise InvalidModel(model=pool.name, reason=error.reason) from None
+    body = tokens[:-1]  # the last is evaluated where the answer is generated
+    if not body:
+        raise InvalidParameter(parameter="messages")
+    engine = pool.take(options, tokens, room=slots, stop=stop)
+    try:
+        reused = start = min(common_prefix(engine.resident(), body), len(body))
+        engine.prefill(start, [], pace)  # what follows the shared part goes
+        while start < len(body):
+            if stop.is_set():
+                return {"tokens": 0, "reused_tokens": reused, "prefilled_tokens": 0,
+                        "bytes": 0}, []
+            step = body[start:start + CHUNK]
+            engine.prefill(start, step, pace)
+            start += len(step)
+        saved = engine.save()
+        if len(tokens) >= KEEP_MIN:
+            engine.prefixes = reported(list(turns))
+    except Overflow as error:
+        raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+    finally:
+        pool.give(options, engine)
+    fd = os.memfd_create("syntrop-prefill", os.MFD_CLOEXEC)
+    try:
+        write_saved(fd, saved)
+    except BaseException:
+        os.close(fd)
+        raise
+    return {"tokens": len(saved.tokens), "reused_tokens": reused,
+            "prefilled_tokens": len(body) - reused, "bytes": len(saved.data)}, [fd]
+
+
+def handed(fds: list[int]) -> Saved | None:
+    """The state handed in with a request (fds[0], if any), every
+    descriptor closed; None without one or when it cannot be read."""
+    try:
+        return read_saved(fds[0]) if fds else None
+    except (OSError, ValueError) as error:
+        logger.warning("a handed-in prefix state is not used: %s", error)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def adopt(engine: Engine, saved: Saved | None, tokens: list[int]) -> int:
+    """Put `saved` into `engine` for a prompt of `tokens` when it holds more
+    of them than the engine does; the tokens it adds (0: not used). A state
+    of other tokens, or one this context cannot take, changes nothing."""
+    if saved is None:
+        return 0
+    count = len(saved.tokens)
+    resident = common_prefix(engine.resident(), tokens)
+    if count >= len(tokens) or tokens[:count] != saved.tokens or count <= resident:
+        return 0
+    engine.prefill(0, [])
+    try:
+        engine.restore(saved)
+    except (EngineError, Overflow) as error:
+        logger.warning("a handed-in prefix state is not used: %s", error)
+        engine.prefill(0, [])
+        return 0
+    return count - resident

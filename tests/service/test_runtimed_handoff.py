@@ -1,0 +1,97 @@
+"""The prefill hand-off between two real runtimed (the fleet's, without
+routerd): one prefills a long chat (Runtime1.Prefill, in 1024-token
+steps), the other answers it from that state (Chat's prefix_state). The
+answer is the same greedy text as prefilling at home, token for token, and
+the home computed only the prompt's last token; a state of another prompt,
+or bytes that are not a state, change nothing but the prompt's cost."""
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from syntrop.interfaces.runtime import ChatMessage
+from syntrop.varlink import FileDescriptor
+from tests.service.runtimed_node import Node, chunk_of, greedy, started
+
+CONFIG = "[runtimed]\nslots = 1\nn_ctx = 4096\n"
+
+
+def chat(topic: str) -> list[ChatMessage]:
+    """A system prompt of about 2,300 tokens (three of the helper's steps)
+    and a question."""
+    rules = " ".join(f"Rule {i}: answers about {topic} stay short, calm and sourced."
+                     for i in range(160))
+    return [ChatMessage(role="system", content=f"You are a guide to {topic}. {rules}"),
+            ChatMessage(role="user", content=f"Name one famous place for {topic}.")]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Node, Node]]:
+    root = tmp_path_factory.mktemp("handoff")
+    with started(root / "helper", CONFIG) as helper, started(root / "home", CONFIG) as home:
+        for node in (helper, home):  # runtimed started here, not inside a test
+            node.run(cold(node))
+        yield helper, home
+
+
+async def answer(node: Node, messages: list[ChatMessage],
+                 state: int | None = None) -> tuple[str, Any]:
+    """The greedy answer and its last chunk (prompt and cached tokens)."""
+    async with await node.runtimed() as runtime:
+        text, last = "", None
+        async for reply in runtime.Chat(
+                model="smollm2", messages=messages, sampling=greedy(max_tokens=24),
+                prefix_state=None if state is None else FileDescriptor(state)):
+            last = chunk_of(reply)
+            text += last.text
+        return text, last
+
+
+async def prefill(node: Node, messages: list[ChatMessage]) -> tuple[int, Any]:
+    """A state of `messages`' prompt: a descriptor of ours, and the reply."""
+    async with await node.runtimed() as runtime:
+        with await runtime.Prefill(model="smollm2", messages=messages) as reply:
+            return os.dup(reply["state"].fileno()), reply
+
+
+async def cold(node: Node) -> None:
+    """Nothing resident on `node` any more: the model's contexts closed."""
+    async with await node.runtimed() as runtime:
+        await runtime.Unload(model="smollm2")
+
+
+def test_hand_off_changes_no_token_and_skips_the_prefill(nodes: tuple[Node, Node]) -> None:
+    helper, home = nodes
+    messages = chat("rivers")
+    state, reply = helper.run(prefill(helper, messages))
+    try:
+        assert reply["prefilled_tokens"] == reply["tokens"] > 2048  # three steps
+        assert os.fstat(state).st_size > reply["tokens"] * 4
+        home.run(cold(home))
+        handed, last = home.run(answer(home, messages, state))
+    finally:
+        os.close(state)
+    # The home evaluated only the last prompt token: the rest came handed.
+    assert last.prompt_tokens == reply["tokens"] + 1
+    assert last.cached_tokens == reply["tokens"]
+    home.run(cold(home))
+    prefilled, baseline = home.run(answer(home, messages))
+    assert baseline.cached_tokens == 0
+    assert handed == prefilled and handed.strip()
+
+
+def test_a_state_of_another_prompt_or_no_state_is_not_used(nodes: tuple[Node, Node]) -> None:
+    helper, home = nodes
+    other, _ = helper.run(prefill(helper, chat("deserts")))
+    garbage = os.memfd_create("not-a-state")
+    os.write(garbage, b"\x07" * 4096)
+    try:
+        for state in (other, garbage):
+            home.run(cold(home))
+            text, last = home.run(answer(home, chat("lakes"), state))
+            assert last.cached_tokens == 0 and text.strip()
+    finally:
+        os.close(other)
+        os.close(garbage)
