@@ -67,6 +67,10 @@ class FleetConfig:
     #: Requests waiting at a node's runtimed over which it counts as full:
     #: a prefix whose home it is goes to its next home (scoring.homes).
     queue_bound: int = 4
+    #: Prompt tokens still to prefill (about four characters each) from
+    #: which a chat whose node is busy decoding is prefilled on an idle
+    #: member and answered from that state (handoff.py); 0: never.
+    handoff_tokens: int = 2048
     #: etcd's client TLS: its CA, our certificate and key.
     etcd_ca: str = ""
     etcd_cert: str = ""
@@ -326,6 +330,7 @@ def _fleet(data: dict[str, Any], path: str) -> FleetConfig:
     return FleetConfig(etcd=tuple(etcd), ttl=max(2, int(number(table, "ttl", 5, where))),
                        publish_interval=number(table, "publish_interval", 1.0, where),
                        queue_bound=max(0, int(number(table, "queue_bound", 4, where))),
+                       handoff_tokens=max(0, int(number(table, "handoff_tokens", 2048, where))),
                        **strings)
 
 

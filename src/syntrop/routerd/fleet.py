@@ -63,7 +63,7 @@ Cached = tuple[str, str, list[str], int, int]
 class Fleet:
     def __init__(self, config: FleetConfig,
                  on_members: Callable[[tuple[ProviderConfig, ...], dict[str, float],
-                                       tuple[Cached, ...]], None],
+                                       tuple[Cached, ...], dict[str, int]], None],
                  load: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.config = config
         # One sweep over every endpoint fits in ttl/3, the time etcd has to
@@ -227,7 +227,7 @@ class Fleet:
             for node, record in sorted(self.members.items()))
 
     def _changed(self) -> None:
-        self.on_members(self.providers(), self.full(), self.caches())
+        self.on_members(self.providers(), self.full(), self.caches(), self.free())
 
     def caches(self) -> tuple[Cached, ...]:
         """What the members' runtimed hold, as they published it (entries
@@ -256,12 +256,11 @@ class Fleet:
         queued = record.get("queue_depth")
         return isinstance(queued, int) and queued > self.config.queue_bound
 
-    def free_slots(self, provider_id: str) -> int | None:
-        """What member `provider_id` (fleet:NODE) last published of its free
-        runtimed slots; None when unknown."""
-        record = self.members.get(provider_id.removeprefix("fleet:"))
-        free = record.get("free_slots") if record else None
-        return free if isinstance(free, int) else None
+    def free(self) -> dict[str, int]:
+        """The members' free runtimed slots, as they last published them
+        (those that published none left out)."""
+        return {f"fleet:{node}": record["free_slots"] for node, record in self.members.items()
+                if isinstance(record.get("free_slots"), int)}
 
     # publishing ---------------------------------------------------------------
 

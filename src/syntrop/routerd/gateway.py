@@ -8,6 +8,7 @@ Transport-free: http.py feeds it requests."""
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,9 +27,11 @@ from syntrop.routerd.api import (
     served_by,
 )
 from syntrop.routerd.config import Config
+from syntrop.routerd.handoff import HANDOFF, PREFILL_PATH, Handoff, body_for
 from syntrop.routerd.offload import Offload
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import ProviderError
+from syntrop.routerd.providers.base import STATE
 from syntrop.routerd.queues import USER, Admission
 from syntrop.routerd.registry import Registry
 from syntrop.routerd.relay import CONTINUATION, Opened, Relay
@@ -56,6 +59,7 @@ class Gateway:
         self.offload = Offload(self.registry, pressure or Pressure(
             config.psi_threshold, path=config.psi_file))
         self.router = Router(self.registry, self.offload)
+        self.handoff = Handoff(self.registry)
         self.requests_total = 0
         self.continuations = 0
         #: (endpoint path, status) -> answers, for /metrics.
@@ -112,6 +116,8 @@ class Gateway:
                             "text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             return await self._models(method, path)
+        if path == PREFILL_PATH:
+            return await self.handoff.serve(method, body)
         if path in RERANK_PATHS or path in ("/v1/messages", "/v1/responses") or \
                 path.startswith("/v1/responses/"):
             return await self._translated(method, path, body, traffic, forwarded)
@@ -120,12 +126,20 @@ class Gateway:
             return error(404, f"unknown endpoint {path}", "unknown_url")
         if method != "POST":
             return error(405, "use POST")
+        return await self._routed(endpoint, body, traffic, forwarded)
+
+    async def _routed(self, endpoint: str, body: bytes, traffic: str,
+                      forwarded: bool) -> Response:
+        """An OpenAI request (`endpoint`: chat/completions, completions or
+        embeddings): checked, admitted, routed, answered or streamed."""
         self.requests_total += 1
         try:
             request = parse(body)
             check(endpoint, request)
         except BadRequest as bad:
             return error(400, str(bad), bad.code, bad.param)
+        request.pop(STATE, None)  # a descriptor is the gateway's to give
+        asked = request.pop(HANDOFF, None) if forwarded else None
         model = request.get("model") or self.registry.default_model()
         if model is None:
             self.router.routing_errors += 1
@@ -139,29 +153,67 @@ class Gateway:
                 return error(503, "routerd is at its limit of requests in flight",
                              "server_overloaded")
         stream = None
+        handed: tuple[tuple[bytes, bytes], ...] = ()
         try:
             chain = self.router.chain(endpoint, request, model)
-            candidates = await self.router.usable(endpoint, model,
-                                                  prompt_tokens(endpoint, request),
-                                                  deadline, chain, forwarded)
+            tokens = prompt_tokens(endpoint, request)
+            candidates = await self.router.usable(endpoint, model, tokens, deadline, chain,
+                                                  forwarded)
             if isinstance(candidates, Response):
                 return candidates
+            if endpoint == "chat/completions":
+                said = await self._hand_off(request, candidates, model, tokens, asked)
+                if isinstance(said, Response):
+                    return said
+                handed = (said,) if said else ()
             if not request.get("stream"):
-                return await self._complete(endpoint, request, candidates, chain)
+                response = await self._complete(endpoint, request, candidates, chain)
+                response.headers += handed
+                return response
             opened = await self.open_stream(endpoint, request, candidates)
             if isinstance(opened, ProviderError):
                 return self._failed(opened)
             current, first, chunks = opened
             self.registry.affinity.routed(current.provider, current.model, chain)
             stream = Relay(self, endpoint, request, candidates, current, first, chunks,
-                            traffic)
+                           traffic)
             return Response(200, content_type="text/event-stream", stream=stream.run(),
-                            headers=served_by(current),
+                            headers=served_by(current) + handed,
                             closer=stream.close)
         finally:
+            # runtimed has its own copy once the answer began (or failed).
+            if isinstance(request.get(STATE), int):
+                os.close(request.pop(STATE))
+            request.pop(HANDOFF, None)  # a continuation elsewhere prefills itself
             if stream is None:
                 self.admission.leave(traffic)
                 self.changed()
+
+    async def _hand_off(self, request: dict[str, Any], candidates: list[scoring.Scored],
+                        model: str, tokens: int, asked: Any,
+                        ) -> tuple[bytes, bytes] | Response | None:
+        """The prefill hand-off (handoff.py) for a chat: a state pulled for
+        this node's runtimed (into `request`), or the helper named for the
+        member that answers; the header that says so, a 400 for a helper
+        that is not a member, or None when there is none."""
+        if asked is not None:  # a member routed it here, naming its helper
+            named = self.handoff.helper(asked)
+            if isinstance(named, Response):
+                return named
+            if (fd := await self.handoff.pull(named, request)) is not None:
+                request[STATE] = fd
+            return (b"x-syntrop-handoff", self.registry.node_of(named).encode())
+        planned = await self.handoff.plan(model, candidates, tokens)
+        if planned is None:
+            return None
+        target, helper = planned
+        node = self.registry.node_of(helper.provider)
+        if target.provider in {p.id for p in self.registry.fleet}:
+            request[HANDOFF] = {"from": node}  # the member pulls it
+        elif (fd := await self.handoff.pull(helper.provider,
+                                            {**request, "model": helper.model})) is not None:
+            request[STATE] = fd
+        return (b"x-syntrop-handoff", node.encode())
 
     async def _translated(self, method: str, path: str, body: bytes, traffic: str,
                           forwarded: bool) -> Response:
@@ -221,7 +273,8 @@ class Gateway:
             started = time.monotonic()
             provider = self.registry.providers[candidate.provider]
             try:
-                answer = await provider.complete(endpoint, {**request, "model": candidate.model})
+                answer = await provider.complete(
+                    endpoint, body_for(provider, {**request, "model": candidate.model}))
             except ProviderError as failure:
                 router.ended(candidate.provider)
                 if not failure.retryable:
@@ -254,7 +307,7 @@ class Gateway:
                 continue
             started = time.monotonic()
             provider = self.registry.providers[candidate.provider]
-            body = {**request, "model": candidate.model}
+            body = body_for(provider, {**request, "model": candidate.model})
             if body.pop(CONTINUATION, False) and provider.capabilities.continues:
                 body["continue_final_message"] = True
             chunks = provider.stream(endpoint, body)

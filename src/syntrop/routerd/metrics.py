@@ -3,6 +3,7 @@
 
 from typing import Protocol
 
+from syntrop.routerd.handoff import Handoff
 from syntrop.routerd.offload import Offload
 from syntrop.routerd.queues import Admission
 from syntrop.routerd.registry import Registry
@@ -19,6 +20,7 @@ class Counted(Protocol):
     registry: Registry
     offload: Offload
     router: Router
+    handoff: Handoff
 
 
 def _label(value: str) -> str:
@@ -50,6 +52,9 @@ def render(gateway: Counted) -> str:
     metric("routerd_stream_continuations_total", "counter",
            "Streams continued on another provider after a failure mid-stream.",
            [({}, gateway.continuations)])
+    metric("routerd_prefill_handoffs_total", "counter",
+           "Prefill hand-offs: planned here, states pulled or failed, prefills served.",
+           [({"outcome": o}, n) for o, n in sorted(gateway.handoff.counts.items())])
     metric("routerd_provider_attempts_total", "counter",
            "Requests sent to a provider, by outcome.",
            [({"provider": p, "outcome": o}, n) for (p, o), n in sorted(router.attempts.items())])

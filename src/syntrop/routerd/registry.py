@@ -44,6 +44,8 @@ class Registry:
         self._fleet_seen: object = None
         #: Fleet members that published no free slot, and when.
         self.fleet_full: dict[str, float] = {}
+        #: Fleet members' free runtimed slots, as they published them.
+        self.fleet_free: dict[str, int] = {}
         #: Which provider holds which chat prefix (affinity.py).
         self.affinity = Affinity()
         self.apply(config)
@@ -60,14 +62,16 @@ class Registry:
 
     def set_fleet(self, members: tuple[ProviderConfig, ...],
                   full: dict[str, float] | None = None,
-                  caches: tuple[tuple[str, str, list[str], int, int], ...] = ()) -> None:
+                  caches: tuple[tuple[str, str, list[str], int, int], ...] = (),
+                  free: dict[str, int] | None = None) -> None:
         """The fleet's other nodes now (from etcd): new ones become peer
         providers, gone ones are dropped, unchanged ones keep their
         connections, health and breakers. `full`: those that published no
         free slot, throttled like a full local runtimed. `caches`: what
         their runtimed holds, as (provider, model, prefixes, contexts,
-        capacity)."""
+        capacity). `free`: the free slots each published."""
         self.fleet_full = full or {}
+        self.fleet_free = free or {}
         before = {p.id: p for p in self.fleet}
         for member in before.values():
             self.affinity.forget(member.id)

@@ -56,7 +56,7 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a",
                               "advertise": "http://a:1/v1", "peer_ca": "/ca.pem"}}).fleet
     seen: list[object] = []
-    fleet = Fleet(config, lambda members, full, caches: seen.append((members, full, caches)),
+    fleet = Fleet(config, lambda members, full, caches, free: seen.append((members, full, caches)),
                   nothing)
     fleet._apply("/syntrop/fleet/nodes/a", json.dumps({"endpoint": "http://a:1/v1"}))  # self
     fleet._apply("/syntrop/fleet/nodes/b", json.dumps(
@@ -68,7 +68,7 @@ def test_members_become_peer_providers_and_bad_records_are_ignored() -> None:
     (member,) = fleet.providers()
     assert (member.id, member.kind, member.tier, member.endpoint, member.models,
             member.tls_ca) == ("fleet:b", "peer", "lan", "http://b:1/v1", ("m",), "/ca.pem")
-    assert fleet.free_slots("fleet:b") == 0 and fleet.free_slots("fleet:x") is None
+    assert fleet.free() == {"fleet:b": 0}  # c and d published none
     assert set(fleet.full()) == {"fleet:b"}  # published no free slot: throttled
     # What its runtimed holds, for affinity; a malformed entry is left out.
     assert fleet.caches() == (("fleet:b", "m", ["0123456789abcdef"], 1, 4),)
@@ -104,7 +104,7 @@ def test_a_member_whose_queue_is_over_the_bound_counts_as_full() -> None:
     config = parse({"fleet": {"etcd": ["http://e:2379"], "node": "a", "queue_bound": 2,
                               "advertise": "http://a:1/v1"}}).fleet
     assert config.queue_bound == 2 and parse({}).fleet.queue_bound == 4
-    fleet = Fleet(config, lambda members, full, caches: None, nothing)
+    fleet = Fleet(config, lambda members, full, caches, free: None, nothing)
     for node, queued in (("b", 2), ("c", 3), ("d", None)):
         fleet._apply(f"/syntrop/fleet/nodes/{node}", json.dumps(
             {"endpoint": f"http://{node}:1/v1", "free_slots": 1, "queue_depth": queued}))
@@ -128,7 +128,7 @@ def test_only_ttl_over_3_without_any_answer_is_degraded() -> None:
                               "advertise": "http://a:1/v1", "ttl": 2}}).fleet
 
     async def run(failures: int, answers: bool) -> list[str]:
-        fleet = Fleet(config, lambda members, full, caches: None, nothing)
+        fleet = Fleet(config, lambda members, full, caches, free: None, nothing)
         flaky = Flaky(failures, answers)
         states: list[str] = []
 

@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from syntrop.interfaces.runtime import LoadResult
 
 
+#: A request body's key for the descriptor of a prefill's KV state that
+#: runtimed answers from (Chat's prefix_state; handoff.py). Only the
+#: gateway sets it (it drops one a client sends) and closes the descriptor.
+STATE = "_syntrop_prefix_state"
+
+
 class ProviderError(Exception):
     """A provider could not answer. `status` is the HTTP status routerd
     answers with when no other candidate can: 502 garbage or unreachable,
@@ -40,6 +46,10 @@ class Capabilities:
     advertise: bool = False
     #: Continues an answer begun (continue_final_message).
     continues: bool = False
+    #: Takes part in the prefill hand-off (handoff.py): `prefill` hands out
+    #: a chat prompt's KV state in a memfd; runtimed also answers from one
+    #: (STATE in the body), a fleet member pulls one itself (HANDOFF).
+    prefill: bool = False
 
 
 class Provider(Protocol):
@@ -63,6 +73,8 @@ class Provider(Protocol):
 
     async def advertise(self) -> None: ...
 
+    async def prefill(self, body: dict[str, Any]) -> int: ...
+
 
 class Basics:
     """What a provider without a capability has in its place: no load
@@ -81,3 +93,6 @@ class Basics:
 
     async def advertise(self) -> None:
         return None
+
+    async def prefill(self, body: dict[str, Any]) -> int:
+        raise NotImplementedError("no prefill: see capabilities")

@@ -4,6 +4,7 @@ It serves the same OpenAI API; its GET /health advertises its health and
 free accelerator memory, and the time that takes is its round-trip time."""
 
 import json
+import os
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ class PeerProvider(OpenAIProvider):
     headers = ((b"x-syntrop-forwarded", b"1"),)
     #: It advertises itself, and continues an answer begun
     #: (continue_final_message), as runtimed.
-    capabilities = Capabilities(advertise=True, continues=True)
+    capabilities = Capabilities(advertise=True, continues=True, prefill=True)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -43,3 +44,24 @@ class PeerProvider(OpenAIProvider):
             raise ProviderError(502, f"peer unhealthy (answered {exchange.status})")
         free = health.get("free_accelerator_bytes")
         self.free_accelerator_bytes = free if isinstance(free, int) else None
+
+    async def prefill(self, body: dict[str, Any]) -> int:
+        """A chat request's prompt prefilled by the peer's runtimed (its
+        POST /v1/syntrop/prefill, handoff.py): the state it streams back,
+        copied as it comes into a memfd, the caller's."""
+        exchange = await self._open("POST", "/syntrop/prefill", json.dumps(body).encode())
+        fd = os.memfd_create("syntrop-handoff", os.MFD_CLOEXEC)
+        try:
+            try:
+                if exchange.status != 200:
+                    raise await self._failed(exchange)
+                async for part in exchange.body():
+                    view = memoryview(part)
+                    while view:
+                        view = view[os.write(fd, view):]
+            finally:
+                exchange.close()
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd

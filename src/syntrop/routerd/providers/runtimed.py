@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from syntrop.config import Paths
 from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import Basics, Capabilities, ProviderError
+from syntrop.routerd.providers.base import STATE, Basics, Capabilities, ProviderError
 
 if TYPE_CHECKING:
     from syntrop.interfaces.clients import Runtime1Client
@@ -204,6 +204,20 @@ def _failed(error: Exception) -> ProviderError:
     return ProviderError(502, f"runtimed failed: {error}")
 
 
+def _chat_turns(body: dict[str, Any], plan: "tools.Plan | None") -> list[tuple[str, str]]:
+    """A chat request's messages as runtimed's turns (tools folded in);
+    a 400 for a role runtimed does not serve or tools it cannot."""
+    for index, message in enumerate(body["messages"]):
+        if message.get("role") not in ACCEPTED_ROLES:
+            raise ProviderError(
+                400, f"messages[{index}].role {message.get('role')!r} is not one "
+                     f"runtimed serves ({', '.join(ACCEPTED_ROLES)})", retryable=False)
+    try:
+        return tools.messages(body, plan)
+    except tools.ToolsError as bad:
+        raise ProviderError(400, str(bad), retryable=False) from None
+
+
 @dataclass(slots=True)
 class _Whole:
     """One generation, collected."""
@@ -223,7 +237,7 @@ class _Whole:
 class RuntimedProvider(Basics):
     #: Reports its load, runs a real probe, and continues an answer begun
     #: (continue_final_message: Chat's continue_last).
-    capabilities = Capabilities(load=True, probe=True, continues=True)
+    capabilities = Capabilities(load=True, probe=True, continues=True, prefill=True)
 
     def __init__(self, config: ProviderConfig, paths: Paths) -> None:
         from syntrop.interfaces.names import RUNTIME  # not the contract: cold start
@@ -243,21 +257,14 @@ class RuntimedProvider(Basics):
 
     async def _chunks(self, endpoint: str, body: dict[str, Any],
                       plan: "tools.Plan | None" = None) -> AsyncIterator["Chunk"]:
-        from asyncvarlink import VarlinkErrorReply
+        from asyncvarlink import FileDescriptor, VarlinkErrorReply
 
         from syntrop.interfaces.runtime import ChatMessage
         from syntrop.varlink.client import CallTimeout
 
         if endpoint == "chat/completions":
-            for index, message in enumerate(body["messages"]):
-                if message.get("role") not in ACCEPTED_ROLES:
-                    raise ProviderError(
-                        400, f"messages[{index}].role {message.get('role')!r} is not one "
-                             f"runtimed serves ({', '.join(ACCEPTED_ROLES)})", retryable=False)
-            try:
-                turns = tools.messages(body, plan)
-            except tools.ToolsError as bad:
-                raise ProviderError(400, str(bad), retryable=False) from None
+            turns = _chat_turns(body, plan)
+        state = body.get(STATE)
         client = await self._client()
         async with client:
             try:
@@ -268,7 +275,9 @@ class RuntimedProvider(Basics):
                     replies = client.Chat(model=body["model"], messages=messages,
                                           sampling=_sampling(endpoint, body),
                                           constraint=_constraint(body, plan),
-                                          continue_last=True if open_last else None)
+                                          continue_last=True if open_last else None,
+                                          prefix_state=None if state is None
+                                          else FileDescriptor(state))
                 else:
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
                                               sampling=_sampling(endpoint, body))
@@ -368,6 +377,24 @@ class RuntimedProvider(Basics):
         tokens = sum(len(text) for text in texts) // 4 + len(texts)  # an estimate
         return {"object": "list", "data": data, "model": body["model"],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def prefill(self, body: dict[str, Any]) -> int:
+        """A chat request's prompt prefilled (Runtime1.Prefill, the same
+        turns Chat would be asked): a memfd of its KV state, the caller's."""
+        from asyncvarlink import VarlinkErrorReply
+
+        from syntrop.interfaces.runtime import ChatMessage
+        from syntrop.varlink.client import CallTimeout
+
+        turns = _chat_turns(body, _plan("chat/completions", body))
+        client = await self._client()
+        async with client:
+            try:
+                with await client.Prefill(model=body["model"], messages=[
+                        ChatMessage(role=role, content=text) for role, text in turns]) as reply:
+                    return os.dup(reply["state"].fileno())
+            except (VarlinkErrorReply, CallTimeout, OSError) as error:
+                raise _failed(error) from None
 
     async def load(self) -> "LoadResult | None":
         """runtimed's load now (Runtime1.GetLoad); None when it does not

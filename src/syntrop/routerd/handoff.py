@@ -1,0 +1,188 @@
+"""The fleet's prefill hand-off: a long chat whose node is busy decoding
+is prefilled on an idle member, and its node answers from that KV state.
+
+On a CPU node a prompt's prefill takes the cores the streams already
+running there decode with: a 2,000-token prompt is seconds of them. When
+the node routing picked for a chat (its home, or where its start is
+resident) has streams running, more than `handoff_tokens` of the prompt
+are not resident there, and another member is idle, then:
+
+1. the entry node plans it (`plan`): the target stays first, the idle
+   member is the helper; a target that is a member gets the helper's node
+   id in the forwarded body (HANDOFF);
+2. the target's routerd pulls the state (`pull`): the helper's runtimed
+   prefills the prompt but its last token, 1024 tokens a step
+   (Runtime1.Prefill), through the helper's POST /v1/syntrop/prefill
+   (`serve`) or directly when the helper is its own runtimed; the bytes go
+   into a memfd as they come;
+3. the target's runtimed answers with that state restored (Chat's
+   prefix_state), computing only the prompt's last token, the same greedy
+   tokens as prefilling itself (tests/service/test_runtimed_handoff.py).
+
+The state moves once, helper to target, whole: llama.cpp hands out a
+sequence's state, not a part of one, so the steps are the helper's, not
+the wire's. A failed pull costs the hand-off, never the answer: the target
+prefills itself. Only members are pulled from (a node id that is not one
+is refused), and runtimed takes a state only from root or its own user.
+"""
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from syntrop.routerd import scoring
+from syntrop.routerd.api import BadRequest, Response, check, error, parse
+from syntrop.routerd.providers import Provider, ProviderError
+from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+#: The forwarded request's field naming the helper: {"from": node id}.
+HANDOFF = "syntrop_handoff"
+#: Where a member serves prefills for the others.
+PREFILL_PATH = "/v1/syntrop/prefill"
+#: Characters of a prompt per token, as routing estimates them.
+CHARS_PER_TOKEN = 4
+#: Bytes of a state read per step when it is sent.
+SEND_CHUNK = 1 << 20
+
+
+class Handoff:
+    """Plans hand-offs for requests this node routes, pulls states for the
+    ones it answers, and serves its own runtimed's prefills."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        #: Outcomes, for /metrics: planned, pulled, failed, served.
+        self.counts: dict[str, int] = {}
+
+    def _count(self, outcome: str) -> None:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+
+    # the entry node -----------------------------------------------------------
+
+    async def plan(self, model: str, candidates: list[scoring.Scored],
+                   prompt_tokens: int) -> tuple[scoring.Scored, scoring.Scored] | None:
+        """(the target, the helper) when the request is worth handing off
+        (see the module); None to route it as it is. A member's slots are
+        what it last published; this node's runtimed is asked now (a
+        millisecond, against the seconds a prefill this long takes)."""
+        threshold = self.registry.config.fleet.handoff_tokens
+        if not threshold or not self.registry.fleet or not candidates:
+            return None
+        target = candidates[0]
+        if target.cooling or target.throttled or \
+                prompt_tokens - target.prefix_chars // CHARS_PER_TOKEN < threshold:
+            return None
+        free, total = await self._slots(target.provider, model)
+        if free is None or total is None or not 0 < free < total:
+            return None  # unknown, idle (it prefills fastest itself) or full (overflow)
+        for other in candidates[1:]:
+            if other.cooling or other.throttled or not self._prefills(other.provider):
+                continue
+            free, total = await self._slots(other.provider, model)
+            if free is not None and free == total:
+                self._count("planned")
+                return target, other
+        return None
+
+    async def _slots(self, provider: str, model: str) -> tuple[int | None, int | None]:
+        """A syntrop node's free slots and its slots; None where unknown."""
+        cache = self.registry.affinity.caches.get((provider, model))
+        total = cache.capacity if cache is not None else None
+        if provider in self.registry.fleet_free:
+            return self.registry.fleet_free[provider], total
+        found = self.registry.providers.get(provider)
+        load = await found.load() if found is not None and found.capabilities.load else None
+        return (None, total) if load is None else (load["free_slots"], load["total_slots"])
+
+    def _members(self) -> set[str]:
+        return {p.id for p in self.registry.fleet}
+
+    def _prefills(self, provider: str) -> bool:
+        found = self.registry.providers.get(provider)
+        return found is not None and found.capabilities.prefill
+
+    # the target ---------------------------------------------------------------
+
+    def helper(self, value: Any) -> str | Response:
+        """The provider a forwarded request's HANDOFF names, or a 400."""
+        node = value.get("from") if isinstance(value, dict) else None
+        found = next((p.id for p in self.registry.effective()
+                      if isinstance(node, str) and self.registry.node_of(p.id) == node
+                      and self._prefills(p.id)), None)
+        if found is None:
+            return error(400, f"{HANDOFF}.from must name a member of this fleet",
+                         "invalid_handoff", HANDOFF)
+        return found
+
+    async def pull(self, provider: str, request: dict[str, Any]) -> int | None:
+        """The state of `request`'s prompt from `provider` (a memfd, the
+        caller's), or None when it could not be had."""
+        started = time.monotonic()
+        try:
+            fd = await self.registry.providers[provider].prefill(
+                {k: v for k, v in request.items() if k not in ("stream", HANDOFF)})
+        except (ProviderError, KeyError, OSError) as failure:
+            logger.warning("prefill hand-off from %s failed, prefilling here: %s", provider,
+                           getattr(failure, "message", failure))
+            self._count("failed")
+            return None
+        self._count("pulled")
+        logger.info("prefill hand-off: %d bytes of state from %s in %.2f s",
+                    os.fstat(fd).st_size, provider, time.monotonic() - started)
+        return fd
+
+    # the helper ---------------------------------------------------------------
+
+    async def serve(self, method: str, body: bytes) -> Response:
+        """POST /v1/syntrop/prefill: a chat request's prompt prefilled by
+        this node's runtimed, its state streamed back (octet-stream)."""
+        if method != "POST":
+            return error(405, "use POST")
+        if not self.registry.fleet:
+            return error(404, "prefill hand-off serves fleet members only", "unknown_url")
+        try:
+            request = parse(body)
+            check("chat/completions", request)
+        except BadRequest as bad:
+            return error(400, str(bad), bad.code, bad.param)
+        model = request.get("model")
+        local = next((p for p in self.registry.effective() if p.kind == "runtimed"
+                      and model in p.models and p.id not in self._members()), None)
+        if local is None:
+            return error(404, f"this node's runtimed does not serve {model!r}",
+                         "model_not_found", "model")
+        try:
+            fd = await self.registry.providers[local.id].prefill(request)
+        except ProviderError as failure:
+            return error(failure.status, failure.message)
+        self._count("served")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            offset = 0
+            while part := os.pread(fd, SEND_CHUNK, offset):
+                offset += len(part)
+                yield part
+
+        async def close() -> None:
+            os.close(fd)
+
+        size = os.fstat(fd).st_size
+        return Response(200, content_type="application/octet-stream", stream=chunks(),
+                        closer=close, headers=((b"x-syntrop-state-bytes", b"%d" % size),))
+
+
+def body_for(provider: Provider, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as `provider` takes it: a state's descriptor (STATE) only for
+    runtimed (a provider reporting its load), the helper's name (HANDOFF)
+    only for another routerd (one that advertises); neither elsewhere."""
+    if STATE not in body and HANDOFF not in body:
+        return body
+    drop = {HANDOFF} if provider.capabilities.load else \
+        {STATE} if provider.capabilities.advertise and provider.capabilities.prefill \
+        else {STATE, HANDOFF}
+    return {k: v for k, v in body.items() if k not in drop}

@@ -1,0 +1,160 @@
+"""The prefill hand-off through routerd on a fleet of two real syntrop
+nodes (modeld, runtimed with SmolLM2 and two slots, routerd each; one etcd
+cluster). A long chat enters the idle node; its home is the other node,
+which is decoding a long stream: the idle node's runtimed prefills it
+(POST /v1/syntrop/prefill on the idle node), the home pulls the state and
+answers from it. The answer is the same greedy text as the home prefilling
+it itself, and the home computed only the prompt's last token."""
+
+import http.client
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import varlink
+
+from syntrop.prefix import chain
+from syntrop.routerd.providers.runtimed import turns
+from syntrop.routerd.scoring import homes
+from tests.fleet import Cluster, free_port, records, wait
+from tests.models import model_node, require_llama
+from tests.support import Activated, activated
+
+require_llama()
+if shutil.which("etcd") is None:
+    pytest.skip("etcd is not installed (package etcd-server: scripts/apt-deps)",
+                allow_module_level=True)
+
+NODES = ("a", "b")
+
+
+def long_chat() -> dict[str, Any]:
+    """About 2,300 prompt tokens, answered greedily."""
+    rules = " ".join(f"Rule {i}: answers about rivers stay short, calm and sourced."
+                     for i in range(160))
+    return {"model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": [
+        {"role": "system", "content": f"You are a guide to rivers. {rules}"},
+        {"role": "user", "content": "Name one famous river."}]}
+
+
+def post(port: int, body: dict[str, Any],
+         forwarded: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """The answer and its headers; `forwarded`: served by that node."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                           headers={"x-syntrop-forwarded": "1"} if forwarded else {})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200, answer
+        return answer, {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        connection.close()
+
+
+class Busy:
+    """A long completion streaming on one node's own runtimed (forwarded:
+    served there), read until `stop`."""
+
+    def __init__(self, port: int) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        self.connection.request(
+            "POST", "/v1/completions", headers={"x-syntrop-forwarded": "1"},
+            body=json.dumps({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,
+                             "temperature": 0, "stream": True}))
+        self.response = self.connection.getresponse()
+        assert self.response.status == 200
+        self.response.readline()  # streaming now
+        self.done = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            while not self.done.is_set() and self.response.readline():
+                pass
+        except (OSError, AttributeError, ValueError):  # closed under it: stopped
+            pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.connection.close()  # routerd cancels it in runtimed
+        self.reader.join(10)
+
+
+def free_slots(cluster: Cluster, node: str) -> int | None:
+    record = records(cluster.endpoints()[0]).get(node) or {}
+    free = record.get("free_slots")
+    return free if isinstance(free, int) else None
+
+
+def unloaded(runtimed: Activated) -> bool:
+    """Whether the model could be unloaded (no stream running on it)."""
+    with varlink.Client(address=runtimed.address) as client, \
+            client.open("io.syntrop.Runtime1") as runtime:
+        return "smollm2" in runtime.Unload(model="smollm2")["unloaded"]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, Activated]]]:
+    cluster = Cluster(tmp_path)
+    with ExitStack() as stack:
+        stack.callback(cluster.close)
+        cluster.start_all()
+        ports, runtimes = {}, {}
+        for name in NODES:
+            root = tmp_path / name
+            (root / "config").mkdir(parents=True)
+            ports[name] = free_port()
+            (root / "config" / "runtimed.toml").write_text(
+                "[runtimed]\nslots = 2\nn_ctx = 4096\n")
+            (root / "config" / "routerd.toml").write_text(
+                f'[http]\nlisten = ["127.0.0.1:{ports[name]}"]\n'
+                f'[fleet]\netcd = {json.dumps(cluster.endpoints())}\nnode = "{name}"\n'
+                f'ttl = 3\nadvertise = "http://127.0.0.1:{ports[name]}/v1"\n'
+                "handoff_tokens = 1024\n")
+            runtimes[name] = stack.enter_context(model_node(root, stack))
+            router = stack.enter_context(activated("routerd", root))
+            with varlink.Client(address=router.address) as client, \
+                    client.open("io.syntrop.Router1") as proxy:
+                proxy.GetStatus()  # routerd started, its HTTP listener open
+            post(ports[name], {"model": "smollm2", "max_tokens": 1, "messages": [
+                {"role": "user", "content": "Hi"}]})  # the model loaded, not in the test
+        wait("both nodes publish their load", lambda: all(
+            free_slots(cluster, n) == 2 for n in NODES), 30)
+        yield cluster, ports, runtimes
+
+
+def test_a_busy_home_answers_from_an_idle_nodes_prefill(
+        fleet: tuple[Cluster, dict[str, int], dict[str, Activated]]) -> None:
+    cluster, ports, runtimes = fleet
+    body = long_chat()
+    digests = chain(turns(body) or [])
+    home = homes(digests[0][0], NODES)[0]  # where routing sends it
+    idle = next(n for n in NODES if n != home)
+    busy = Busy(ports[home])
+    try:
+        wait("the home publishes its busy slot", lambda: free_slots(cluster, home) == 1, 15)
+        handed, headers = post(ports[idle], body)
+    finally:
+        busy.stop()
+    assert headers.get("x-syntrop-handoff") == idle, headers
+    assert headers.get("x-syntrop-provider") == f"fleet:{home}", headers
+    usage = handed["usage"]
+    # The home evaluated the last prompt token only: the rest was handed.
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert usage["prompt_tokens"] > 2048
+
+    # The same chat prefilled at the home (forwarded: served there), once
+    # the stream has stopped and nothing is resident there.
+    wait("the home's runtimed is idle", lambda: unloaded(runtimes[home]), 30)
+    prefilled, headers = post(ports[home], body, forwarded=True)
+    assert "x-syntrop-handoff" not in headers
+    assert prefilled["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    text = prefilled["choices"][0]["message"]["content"]
+    assert handed["choices"][0]["message"]["content"] == text and text.strip()
