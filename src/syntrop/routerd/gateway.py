@@ -87,11 +87,13 @@ class Gateway:
     # requests ---------------------------------------------------------------
 
     async def handle(self, method: str, path: str, body: bytes,
-                     traffic: str = USER, forwarded: bool = False) -> Response:
+                     traffic: str = USER, forwarded: bool = False,
+                     caller: str = "") -> Response:
         """One request; `forwarded`: another node of the fleet sent it (it
-        is served by this node's own providers)."""
+        is served by this node's own providers); `caller`: its API key as
+        http.py names it ("" without keys), whose stored responses it sees."""
         path = path.partition("?")[0]
-        response = await self._handle(method, path, body, traffic, forwarded)
+        response = await self._handle(method, path, body, traffic, forwarded, caller)
         known = path in ENDPOINTS or path in RERANK_PATHS or \
             path in ("/v1/models", "/health", "/v1/messages", "/v1/responses")
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
@@ -102,7 +104,7 @@ class Gateway:
         return response
 
     async def _handle(self, method: str, path: str, body: bytes, traffic: str,
-                      forwarded: bool) -> Response:
+                      forwarded: bool, caller: str = "") -> Response:
         if path == "/health":  # also what LAN peers advertise to each other
             from syntrop.routerd.pressure import free_accelerator_bytes
 
@@ -120,7 +122,7 @@ class Gateway:
             return await self.handoff.serve(method, body)
         if path in RERANK_PATHS or path in ("/v1/messages", "/v1/responses") or \
                 path.startswith("/v1/responses/"):
-            return await self._translated(method, path, body, traffic, forwarded)
+            return await self._translated(method, path, body, traffic, forwarded, caller)
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")
@@ -216,7 +218,7 @@ class Gateway:
         return (b"x-syntrop-handoff", node.encode())
 
     async def _translated(self, method: str, path: str, body: bytes, traffic: str,
-                          forwarded: bool) -> Response:
+                          forwarded: bool, caller: str) -> Response:
         """Rerank, Responses and Anthropic's Messages: other APIs, translated
         onto embeddings and chat (routed as those are)."""
         if path == "/v1/responses" or path.startswith("/v1/responses/"):
@@ -225,7 +227,7 @@ class Gateway:
 
                 self._responses = Responses(Store(self.paths.state / "responses.sqlite"))
             return await self._responses.handle(method, path, body, lambda chat: self._handle(
-                "POST", "/v1/chat/completions", chat, traffic, forwarded))
+                "POST", "/v1/chat/completions", chat, traffic, forwarded), caller)
         if path in RERANK_PATHS:
             from syntrop.routerd.rerank import rerank
 

@@ -213,15 +213,16 @@ class HTTPServer:
                 503, f"over {self.config.max_connections} connections at once; retry",
                 "server_overloaded"), True)
 
-    def _authorized(self, request: Request, writer: asyncio.StreamWriter) -> bool:
-        """Whether a request may pass when API keys are configured: it bears
-        one (Authorization: Bearer KEY, or X-Api-Key: KEY as Anthropic's
-        clients send it; compared in constant time), asks for
-        /health only, or came over mutual TLS (a LAN peer's certificate
-        already said who it is)."""
+    def _caller(self, request: Request, writer: asyncio.StreamWriter) -> str | None:
+        """Who a request is when API keys are configured: the key it bears
+        (Authorization: Bearer KEY, or X-Api-Key: KEY as Anthropic's clients
+        send it; compared in constant time), named by a digest of it
+        (stored responses are that caller's); "" for /health only, or for
+        a LAN peer over mutual TLS (its certificate already said who it
+        is); None when it may not pass."""
         if request.target.partition(b"?")[0] == b"/health" or \
                 writer.get_extra_info("ssl_object") is not None:
-            return True
+            return ""
         import hmac  # here: it maps libcrypto, ~4 MiB of the budget, for keys only
         for name, value in request.headers:
             if name == b"authorization":
@@ -234,9 +235,13 @@ class HTTPServer:
             else:
                 continue
             # Every key compared, so the time says nothing of which matched.
-            return sum(hmac.compare_digest(presented, key.encode())
-                       for key in self.config.api_keys) > 0
-        return False
+            if sum(hmac.compare_digest(presented, key.encode())
+                   for key in self.config.api_keys) == 0:
+                return None
+            from syntrop.system.digest import sha256
+
+            return "key:" + str(sha256(presented).hexdigest())[:16]
+        return None
 
     async def _next_request(self, parser: RequestReader, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> Request | None:
@@ -277,7 +282,8 @@ class HTTPServer:
                     if close:
                         break
                     continue
-                if self.config.api_keys and not self._authorized(request, writer):
+                caller = self._caller(request, writer) if self.config.api_keys else ""
+                if caller is None:
                     await self._send(writer, unauthorized(), close, request, cors)
                     if close:
                         break
@@ -292,7 +298,7 @@ class HTTPServer:
                 try:
                     response = await self.gateway.handle(
                         request.method.decode("latin-1"), request.target.decode("latin-1"),
-                        request.body, traffic, forwarded)
+                        request.body, traffic, forwarded, caller)
                 except Exception:  # never let a request take the daemon down
                     logger.exception("request failed")
                     response = error(502, "internal error")

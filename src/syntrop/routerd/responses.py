@@ -38,7 +38,9 @@ MAX_STORED = 10_000
 TTL = 30 * 86400
 MIGRATIONS = ("CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
               "conversation TEXT NOT NULL, response TEXT NOT NULL);"
-              "CREATE INDEX responses_created ON responses (created)",)
+              "CREATE INDEX responses_created ON responses (created)",
+              # Whose it is: the API key that made it, as http.py names it.
+              "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 Chat = Callable[[bytes], Awaitable[Response]]
@@ -63,30 +65,33 @@ class Store:
             self._database = Database(self.path, MIGRATIONS)
         return self._database
 
-    async def get(self, response_id: str) -> tuple[list[Any], dict[str, Any]] | None:
+    async def get(self, response_id: str,
+                  owner: str = "") -> tuple[list[Any], dict[str, Any]] | None:
         def read(c: sqlite3.Connection) -> tuple[str, str] | None:
             row = c.execute("SELECT conversation, response FROM responses "
-                            "WHERE id = ? AND created > ?",
-                            (response_id, time.time() - TTL)).fetchone()
+                            "WHERE id = ? AND owner = ? AND created > ?",
+                            (response_id, owner, time.time() - TTL)).fetchone()
             return None if row is None else (row[0], row[1])
 
         found = await self._db().run(read)
         return None if found is None else (json.loads(found[0]), json.loads(found[1]))
 
-    async def put(self, response: dict[str, Any], conversation: list[Any]) -> None:
+    async def put(self, response: dict[str, Any], conversation: list[Any],
+                  owner: str = "") -> None:
         def write(c: sqlite3.Connection) -> None:
-            c.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            c.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
                       (response["id"], time.time(), json.dumps(conversation),
-                       json.dumps(response)))
+                       json.dumps(response), owner))
             c.execute("DELETE FROM responses WHERE created <= ?", (time.time() - TTL,))
             c.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses "
                       "ORDER BY created DESC LIMIT -1 OFFSET ?)", (MAX_STORED,))
 
         await self._db().run(write)
 
-    async def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str, owner: str = "") -> bool:
         def remove(c: sqlite3.Connection) -> bool:
-            return c.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+            return c.execute("DELETE FROM responses WHERE id = ? AND owner = ?",
+                             (response_id, owner)).rowcount > 0
 
         return bool(await self._db().run(remove))
 
@@ -413,16 +418,19 @@ class Responses:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def handle(self, method: str, path: str, body: bytes, chat: Chat) -> Response:
+    async def handle(self, method: str, path: str, body: bytes, chat: Chat,
+                     owner: str = "") -> Response:
+        """One request of `owner` (the caller's API key as http.py names it;
+        "" without keys): it sees, continues and deletes only its own."""
         if path != "/v1/responses":
             response_id = path.removeprefix("/v1/responses/")
             if method == "GET":
-                found = await self.store.get(response_id)
+                found = await self.store.get(response_id, owner)
                 if found is None:
                     return error(404, f"no response {response_id!r}", "response_not_found")
                 return ok(found[1])
             if method == "DELETE":
-                if not await self.store.delete(response_id):
+                if not await self.store.delete(response_id, owner):
                     return error(404, f"no response {response_id!r}", "response_not_found")
                 return ok({"id": response_id, "object": "response.deleted", "deleted": True})
             return error(405, "use GET or DELETE")
@@ -432,7 +440,7 @@ class Responses:
             request = parse(body)
             if not isinstance(request, dict):
                 raise BadRequest("the request body must be a JSON object")
-            conversation = await self._conversation(request)
+            conversation = await self._conversation(request, owner)
             asked = to_chat(request, conversation)
         except BadRequest as bad:
             return error(404 if bad.code == "response_not_found" else 400, str(bad),
@@ -445,22 +453,23 @@ class Responses:
             return Response(200, content_type="text/event-stream", closer=answer.closer,
                             headers=answer.headers, stream=self._stream(
                                 request, conversation, answer.stream, response_id, created,
-                                str(asked.get("model", ""))))
+                                str(asked.get("model", "")), owner))
         whole = json.loads(answer.body)
         choice = (whole.get("choices") or [{}])[0]
         items_out = output(choice.get("message") or {})
         reply = response(request, response_id, created, whole.get("model") or "",
                          choice.get("finish_reason"), items_out, whole.get("usage"))
-        await self._keep(request, reply, conversation, items_out)
+        await self._keep(request, reply, conversation, items_out, owner)
         return ok(reply)
 
-    async def _conversation(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _conversation(self, request: dict[str, Any],
+                            owner: str) -> list[dict[str, Any]]:
         previous = request.get("previous_response_id")
         history: list[dict[str, Any]] = []
         if previous is not None:
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id: a string", "previous_response_id")
-            found = await self.store.get(previous)
+            found = await self.store.get(previous, owner)
             if found is None:
                 raise BadRequest(f"no stored response {previous!r} (expired, deleted, or "
                                  "made with store: false)", "previous_response_id",
@@ -469,13 +478,14 @@ class Responses:
         return [*history, *items(request.get("input"))]
 
     async def _keep(self, request: dict[str, Any], reply: dict[str, Any],
-                    conversation: list[dict[str, Any]], items_out: list[dict[str, Any]]) -> None:
+                    conversation: list[dict[str, Any]], items_out: list[dict[str, Any]],
+                    owner: str) -> None:
         if request.get("store", True) is not False:
-            await self.store.put(reply, [*conversation, *_stored_items(items_out)])
+            await self.store.put(reply, [*conversation, *_stored_items(items_out)], owner)
 
     async def _stream(self, request: dict[str, Any], conversation: list[dict[str, Any]],
                       chunks: AsyncIterator[bytes], response_id: str, created: int,
-                      model: str) -> AsyncIterator[bytes]:
+                      model: str, owner: str) -> AsyncIterator[bytes]:
         state = _Stream()
         state.model = model
         started = response(request, response_id, created, model, None, [], None)
@@ -504,7 +514,7 @@ class Responses:
             yield out
         reply = response(request, response_id, created, state.model, state.finish,
                          state.items, state.usage)
-        await self._keep(request, reply, conversation, state.items)
+        await self._keep(request, reply, conversation, state.items, owner)
         kind = "response.completed" if reply["status"] == "completed" else \
             "response.incomplete"
         yield state.event(kind, response=reply)

@@ -151,6 +151,33 @@ def test_a_conversation_is_kept_continued_by_id_and_deleted(tmp_path: Path) -> N
     api.store.close()
 
 
+def test_a_response_is_its_callers_alone(tmp_path: Path) -> None:
+    """With API keys, a stored response is seen, continued and deleted only
+    by the key that made it; to another it does not exist."""
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+    chat = Chat(_answer({"content": "Hello."}), _answer({"content": "Again."}))
+
+    def call(method: str, path: str, owner: str, **request: Any) -> tuple[int, Any]:
+        body = json.dumps(request).encode() if request else b""
+        answer = asyncio.run(api.handle(method, path, body, chat, owner))
+        return answer.status, json.loads(answer.body)
+
+    status, made = call("POST", "/v1/responses", "key:a", model="m", input="Hi")
+    assert status == 200
+    path = f"/v1/responses/{made['id']}"
+    for owner in ("key:b", ""):
+        assert call("GET", path, owner)[0] == 404
+        assert call("DELETE", path, owner)[0] == 404
+        status, refused = call("POST", "/v1/responses", owner, model="m",
+                               previous_response_id=made["id"], input="More")
+        assert status == 404 and refused["error"]["param"] == "previous_response_id"
+    assert call("GET", path, "key:a") == (200, made)
+    assert call("POST", "/v1/responses", "key:a", model="m", previous_response_id=made["id"],
+                input="More")[0] == 200
+    assert call("DELETE", path, "key:a")[0] == 200
+    api.store.close()
+
+
 def test_the_store_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(responses, "MAX_STORED", 3)
     store = responses.Store(tmp_path / "responses.sqlite")
