@@ -43,10 +43,19 @@ first request to the last answer), not a concurrent load test.
 Acceptance: round-robin's TTFT p50 at least 5x affinity's; affinity's hits
 at least 90% of the oracle's.
 
-    python bench/bench_affinity.py [--requests N] [--prefixes P] [--seed S] [--trace]
+Then the prefill hand-off (docs/routerd.md): three fresh nodes, node a on
+CPU 0 and b and c on CPU 1 (one host standing in for machines), node a
+decoding a long completion; pairs of ~2.3k-token chats whose home is a, one
+entered at b (routed to a, prefilled by an idle member and handed to a),
+one sent straight to a (prefilled there beside its stream: the floor),
+interleaved, fresh prompts each time. Greedy answers, 4 tokens, TTFT.
 
-About 8 minutes on 2 cores (a miss is seconds of prefill there). Needs etcd
-(scripts/apt-deps) and the SmolLM2 package.
+    python bench/bench_affinity.py [--requests N] [--prefixes P] [--seed S]
+                                   [--handoff-trials T] [--trace]
+
+About 16 minutes on 2 cores (a miss is seconds of prefill there; the
+hand-off pairs take 4). Needs etcd (scripts/apt-deps) and the SmolLM2
+package.
 """
 
 import argparse
@@ -146,8 +155,11 @@ def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def nodes(root: Path, fleet: str | None) -> Iterator[dict[str, int]]:
-    """Three dev suites under root/<node>; their HTTP ports by node."""
+def nodes(root: Path, fleet: str | None,
+          cpus: dict[str, set[int]] | None = None) -> Iterator[dict[str, int]]:
+    """Three dev suites under root/<node>; their HTTP ports by node. With
+    `cpus`, each node's daemons run on those CPUs only (inherited from the
+    launcher: one host standing in for separate machines)."""
     ports = {name: free_port() for name in NODES}
     started = []
     try:
@@ -155,13 +167,20 @@ def nodes(root: Path, fleet: str | None) -> Iterator[dict[str, int]]:
             directory = root / name
             (directory / "config").mkdir(parents=True)
             text = f'[http]\nlisten = ["127.0.0.1:{port}"]\n'
+            if cpus:  # a prefill beside a stream on one core takes over a minute
+                text += ('[[providers]]\nid = "local"\nkind = "runtimed"\n'
+                         'models = ["smollm2"]\ntimeout = 300\n')
             if fleet:
                 text += (f'[fleet]\netcd = ["{fleet}"]\nnode = "{name}"\n'
                          f'advertise = "http://127.0.0.1:{port}/v1"\nttl = 5\n')
             (directory / "config" / "routerd.toml").write_text(text)
-            (directory / "config" / "runtimed.toml").write_text("[runtimed]\nslots = 2\n")
+            (directory / "config" / "runtimed.toml").write_text(
+                "[runtimed]\nslots = 2\nn_ctx = 4096\n")
+            pinned = cpus.get(name) if cpus else None
             subprocess.run([*SYN, "up", "--dir", str(directory), "--idle-timeout", "900"],
-                           check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+                           check=True, stdout=subprocess.DEVNULL, cwd=ROOT,
+                           preexec_fn=(lambda c=pinned: os.sched_setaffinity(0, c))
+                           if pinned else None)
             started.append(directory)
         for port in ports.values():  # the model loaded on every node
             def answered(port: int = port) -> "Answer":
@@ -243,18 +262,22 @@ class Answer:
     provider: str
     prompt_tokens: int | None
     cached_tokens: int | None
+    #: The helper's node when the entry node handed the prefill off.
+    handoff: str | None = None
 
 
-def ask(port: int, messages: list[dict[str, str]]) -> Answer:
+def ask(port: int, messages: list[dict[str, str]], forwarded: bool = False) -> Answer:
     """A streamed chat read to its end: seconds to its first content, the
-    provider that served it (routerd's x-syntrop-provider) and its usage."""
+    provider that served it (routerd's x-syntrop-provider) and its usage;
+    `forwarded`: served by that node's own runtimed."""
     started = time.perf_counter()
     body = {"model": "smollm2", "max_tokens": 4, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "messages": messages}
     first = None
     usage: dict[str, Any] = {}
     with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-                      timeout=120) as response:
+                      headers={"x-syntrop-forwarded": "1"} if forwarded else {},
+                      timeout=300) as response:
         response.raise_for_status()
         for line in response.iter_lines():  # to the end, as clients read
             if not line.startswith("data: {"):
@@ -272,7 +295,8 @@ def ask(port: int, messages: list[dict[str, str]]) -> Answer:
     prompt = usage.get("prompt_tokens")
     return Answer(first, response.headers.get("x-syntrop-provider", "?"),
                   prompt if isinstance(prompt, int) else None,
-                  cached if isinstance(cached, int) else None)
+                  cached if isinstance(cached, int) else None,
+                  response.headers.get("x-syntrop-handoff"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +361,109 @@ def phase(root: Path, name: str, work: list[Request],
     return samples, wall
 
 
+# the prefill hand-off -----------------------------------------------------------
+
+#: The hand-off phase's CPUs per node: the busy home alone on one core, the
+#: members that may help on the other (one host standing in for machines).
+HANDOFF_CPUS = {"a": {0}, "b": {1}, "c": {1}}
+
+
+def long_chat(index: int) -> list[dict[str, str]]:
+    """About 2,300 prompt tokens, different per index, whose home (the
+    rendezvous order over node ids, as routerd computes it) is node a."""
+    from syntrop.prefix import chain
+    from syntrop.routerd.providers.runtimed import turns
+    from syntrop.routerd.scoring import homes
+
+    while True:
+        messages = [{"role": "system", "content": f"You are a guide to rivers (long set {index}). "
+                     + " ".join(f"Rule {i}: answers about rivers stay short, calm and sourced."
+                                for i in range(150))},
+                    {"role": "user", "content": "Name one famous river."}]
+        digests = chain(turns({"model": "smollm2", "messages": messages}) or [])
+        if homes(digests[0][0], NODES)[0] == "a":
+            return messages
+        index += 1000
+
+
+class Busy:
+    """A long completion decoding on node a's own runtimed (forwarded),
+    read in a thread until `stop`: node a is busy."""
+
+    def __init__(self, port: int) -> None:
+        import http.client
+        import threading
+
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.connection.request(
+            "POST", "/v1/completions", headers={"x-syntrop-forwarded": "1"},
+            body=json.dumps({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3500,
+                             "temperature": 0, "stream": True}))
+        response = self.connection.getresponse()
+        if response.status != 200:
+            raise SystemExit(f"bench_affinity: the busy stream was refused ({response.status})")
+        self.done = threading.Event()
+
+        def read() -> None:
+            with contextlib.suppress(OSError, AttributeError, ValueError):
+                while not self.done.is_set() and response.readline():
+                    pass
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.connection.close()  # routerd cancels it in runtimed
+        self.reader.join(10)
+
+
+def published_free(fleet: str, node: str) -> int | None:
+    """The free slots `node` last published in etcd."""
+    import base64
+
+    key = base64.b64encode(f"/syntrop/fleet/nodes/{node}".encode()).decode()
+    kvs = httpx.post(f"{fleet}/v3/kv/range", json={"key": key}, timeout=5).json().get("kvs")
+    if not kvs:
+        return None
+    free = json.loads(base64.b64decode(kvs[0]["value"])).get("free_slots")
+    return free if isinstance(free, int) else None
+
+
+def handoff_phase(root: Path, trials: int, trace: bool) -> dict[str, Any]:
+    """A ~2.3k-token chat whose home (a) is decoding a long stream: entered
+    at b (routed to a, prefilled on an idle member and handed to a) and,
+    interleaved, a chat of the same size sent straight to a (prefilled
+    there beside its stream). Fresh prompts each time: nothing resident."""
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(etcd(root))
+        ports = stack.enter_context(nodes(root, fleet, HANDOFF_CPUS))
+        handed: list[Answer] = []
+        home: list[Answer] = []
+        for trial in range(trials):
+            busy = Busy(ports["a"])
+            try:
+                wait_for(lambda: published_free(fleet, "a") == 1, 30)
+                order = ("with", "without") if trial % 2 == 0 else ("without", "with")
+                for k, how in enumerate(order):
+                    chat = long_chat(10 * trial + k)
+                    if how == "with":
+                        answer = ask(ports["b"], chat)
+                        handed.append(answer)
+                    else:
+                        answer = ask(ports["a"], chat, forwarded=True)
+                        home.append(answer)
+                    if trace:
+                        print(f"  hand-off {trial} {how:<7} -> {answer.provider} (helper "
+                              f"{answer.handoff}): {answer.ttft:.3f} s, cached "
+                              f"{answer.cached_tokens}/{answer.prompt_tokens}", file=sys.stderr)
+            finally:
+                busy.stop()
+    return {"with": [a.ttft for a in handed], "without": [a.ttft for a in home],
+            "handed": sum(1 for a in handed if a.handoff and a.prompt_tokens and
+                          a.cached_tokens == a.prompt_tokens - 1),
+            "prompt_tokens": statistics.fmean(a.prompt_tokens or 0 for a in handed + home)}
+
+
 def percentile(ordered: list[float], q: float) -> float:
     """Nearest rank: the smallest sample with at least q of them at or below."""
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
@@ -359,6 +486,9 @@ def main() -> None:
                         help="the order of the requests and the affinity phase's entry nodes")
     parser.add_argument("--trace", action="store_true",
                         help="print each request's node, provider, TTFT and cached tokens")
+    parser.add_argument("--handoff-trials", type=int, default=3,
+                        help="pairs of long chats to a busy home, with and without the "
+                             "prefill hand-off (0: skip)")
     args = parser.parse_args()
     if shutil.which("etcd") is None:
         raise SystemExit("bench_affinity: etcd is not installed (scripts/apt-deps)")
@@ -387,8 +517,22 @@ def main() -> None:
     else:
         print(f"affinity hits / oracle hits: {share:.0%} (floor 90%: "
               f"{'met' if share >= 0.9 else 'NOT met'})")
+    handoff = None
+    if args.handoff_trials:
+        with tempfile.TemporaryDirectory(prefix="syntrop-affinity-handoff-") as scratch:
+            handoff = handoff_phase(Path(scratch), args.handoff_trials, args.trace)
+        with_, without = statistics.median(handoff["with"]), statistics.median(handoff["without"])
+        print(f"prefill hand-off: {args.handoff_trials} pairs of ~{handoff['prompt_tokens']:.0f}"
+              "-token chats to a home decoding a long stream (home on CPU 0, the helpers on "
+              f"CPU 1); {handoff['handed']} of {args.handoff_trials} answered from a handed "
+              "state")
+        print(f"  TTFT median: handed off {with_:.3f} s, prefilled at the busy home "
+              f"{without:.3f} s (the floor); ratio {without / with_:.2f}x; samples "
+              f"{[round(t, 2) for t in handoff['with']]} vs "
+              f"{[round(t, 2) for t in handoff['without']]}")
     print(json.dumps({"requests": args.requests, "prefixes": args.prefixes, "seed": args.seed,
-                      "phases": results, "p50_speedup": speedup, "hit_share": share}))
+                      "phases": results, "p50_speedup": speedup, "hit_share": share,
+                      "handoff": handoff}))
 
 
 if __name__ == "__main__":

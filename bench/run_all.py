@@ -39,7 +39,7 @@ ALL = (
     ("bench_modeld.py", 300), ("bench_contextd.py", 300), ("bench_toold.py", 300),
     ("bench_routerd.py", 900), ("bench_sentry.py --live", 300), ("bench_runtimed.py", 600),
     ("bench_engine.py", 900), ("bench_constrain.py", 600), ("bench_batch.py", 300),
-    ("bench_speculative.py", 600), ("bench_fleet.py", 120), ("bench_affinity.py", 900),
+    ("bench_speculative.py", 600), ("bench_fleet.py", 120), ("bench_affinity.py", 1500),
     ("abuse.py", 600),
     ("gpu_offload.py --dry-run --model {smollm2}", 120),
 )

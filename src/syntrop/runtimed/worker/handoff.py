@@ -22,7 +22,7 @@ from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Overflow, Saved
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
-from syntrop.runtimed.worker.saved import read_saved, write_saved
+from syntrop.runtimed.worker.saved import memfd_of, read_saved
 from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
@@ -63,12 +63,7 @@ def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots
         raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
     finally:
         pool.give(options, engine)
-    fd = os.memfd_create("syntrop-prefill", os.MFD_CLOEXEC)
-    try:
-        write_saved(fd, saved)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd = memfd_of(saved, "syntrop-prefill")
     return {"tokens": len(saved.tokens), "reused_tokens": reused,
             "prefilled_tokens": len(body) - reused, "bytes": len(saved.data)}, [fd]
 

@@ -42,7 +42,7 @@ from syntrop.runtimed.sampling import Params
 from syntrop.runtimed.worker import handoff
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Output, Overflow
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
-from syntrop.runtimed.worker.saved import read_saved, write_saved
+from syntrop.runtimed.worker.saved import memfd_of, read_saved
 from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
@@ -543,12 +543,7 @@ class Host:
         with engine.lock:
             self._still(str(args["session"]), engine)
             saved = engine.save()
-            fd = os.memfd_create("syntrop-spill", os.MFD_CLOEXEC)
-            try:
-                write_saved(fd, saved)
-            except BaseException:
-                os.close(fd)
-                raise
+            fd = memfd_of(saved, "syntrop-spill")
             seat.engine = None
             engine.close()
         return {"tokens": len(saved.tokens), "bytes": len(saved.data)}, [fd]

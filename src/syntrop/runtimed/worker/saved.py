@@ -19,6 +19,17 @@ def write_saved(fd: int, saved: Saved) -> None:
         offset += os.pwrite(fd, view[offset:], offset)
 
 
+def memfd_of(saved: Saved, name: str) -> int:
+    """A new memfd holding `saved` (in the spill format); the caller's."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        write_saved(fd, saved)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_saved(fd: int) -> Saved:
     """The state written by `write_saved` (ValueError when it is damaged)."""
     size = os.fstat(fd).st_size
