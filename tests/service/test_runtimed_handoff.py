@@ -2,8 +2,9 @@
 routerd): one prefills a long chat (Runtime1.Prefill, in 1024-token
 steps), the other answers it from that state (Chat's prefix_state). The
 answer is the same greedy text as prefilling at home, token for token, and
-the home computed only the prompt's last token; a state of another prompt,
-or bytes that are not a state, change nothing but the prompt's cost."""
+the home computed only the prompt's last token; a state of another prompt
+or model file, or bytes that are not a state, change nothing but the
+prompt's cost."""
 
 import os
 from collections.abc import Iterator
@@ -18,12 +19,12 @@ from tests.service.runtimed_node import Node, chunk_of, greedy, started
 CONFIG = "[runtimed]\nslots = 1\nn_ctx = 4096\n"
 
 
-def chat(topic: str) -> list[ChatMessage]:
-    """A system prompt of about 2,300 tokens (three of the helper's steps)
-    and a question."""
-    rules = " ".join(f"Rule {i}: answers about {topic} stay short, calm and sourced."
-                     for i in range(160))
-    return [ChatMessage(role="system", content=f"You are a guide to {topic}. {rules}"),
+def chat(topic: str, rules: int = 160) -> list[ChatMessage]:
+    """A system prompt of about 15 tokens a rule (2,400 by default: three
+    of the helper's steps) and a question."""
+    text = " ".join(f"Rule {i}: answers about {topic} stay short, calm and sourced."
+                    for i in range(rules))
+    return [ChatMessage(role="system", content=f"You are a guide to {topic}. {text}"),
             ChatMessage(role="user", content=f"Name one famous place for {topic}.")]
 
 
@@ -82,16 +83,21 @@ def test_hand_off_changes_no_token_and_skips_the_prefill(nodes: tuple[Node, Node
     assert handed == prefilled and handed.strip()
 
 
-def test_a_state_of_another_prompt_or_no_state_is_not_used(nodes: tuple[Node, Node]) -> None:
+def test_a_state_of_another_prompt_model_or_no_state_is_not_used(
+        nodes: tuple[Node, Node]) -> None:
     helper, home = nodes
-    other, _ = helper.run(prefill(helper, chat("deserts")))
+    other, _ = helper.run(prefill(helper, chat("deserts", 20)))
+    # The right prompt's state, marked as of another model file (another
+    # quantisation under the same name would be).
+    foreign, _ = helper.run(prefill(helper, chat("lakes", 20)))
+    os.pwrite(foreign, b"f" * 64, 0)
     garbage = os.memfd_create("not-a-state")
     os.write(garbage, b"\x07" * 4096)
     try:
-        for state in (other, garbage):
+        for state in (other, foreign, garbage):
             home.run(cold(home))
-            text, last = home.run(answer(home, chat("lakes"), state))
+            text, last = home.run(answer(home, chat("lakes", 20), state))
             assert last.cached_tokens == 0 and text.strip()
     finally:
-        os.close(other)
-        os.close(garbage)
+        for fd in (other, foreign, garbage):
+            os.close(fd)

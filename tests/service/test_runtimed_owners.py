@@ -100,3 +100,43 @@ def test_another_uid_finds_no_session_and_the_owners_is_intact(
                                       _more=True))
         assert replies
         runtime.Close(session_id=sid)
+
+
+#: The prefill hand-off's two calls, as nobody makes them: what each answered.
+HANDOFF_AS_NOBODY = """
+import asyncio, json, os, sys
+from syntrop.interfaces.runtime import ChatMessage, Runtime1
+from syntrop.varlink import FileDescriptor
+from syntrop.varlink.client import connect
+os.setgid(65534); os.setuid(65534)  # after the imports: root's interpreter
+
+async def main():
+    messages = [ChatMessage(role="user", content="Hi")]
+    answers = {}
+    state = os.memfd_create("state")
+    os.write(state, b"0" * 64)
+    calls = {
+        "Prefill": lambda r: r.Prefill(model="smollm2", messages=messages),
+        "Chat": lambda r: r.Chat(model="smollm2", messages=messages,
+                                 prefix_state=FileDescriptor(state)).__anext__(),
+    }
+    for name, call in calls.items():
+        async with await connect(Runtime1, address=sys.argv[1], timeout=60) as runtime:
+            try:
+                await call(runtime)
+                answers[name] = "reply"
+            except Exception as error:
+                answers[name] = type(error).__name__
+    print(json.dumps(answers))
+
+asyncio.run(main())
+"""
+
+
+def test_only_runtimeds_own_user_hands_off_a_prefill(shared_node: Activated) -> None:
+    """Runtime1.Prefill and Chat's prefix_state (restored KV is used as
+    computed) refuse an unprivileged uid: NotAuthorized, before any work."""
+    out = subprocess.run([sys.executable, "-c", HANDOFF_AS_NOBODY, shared_node.address],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"Prefill": "NotAuthorized", "Chat": "NotAuthorized"}

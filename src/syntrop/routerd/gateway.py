@@ -119,7 +119,7 @@ class Gateway:
         if path == "/v1/models" or path.startswith("/v1/models/"):
             return await self._models(method, path)
         if path == PREFILL_PATH:
-            return await self.handoff.serve(method, body)
+            return await self._prefill(method, body, traffic, forwarded)
         if path in RERANK_PATHS or path in ("/v1/messages", "/v1/responses") or \
                 path.startswith("/v1/responses/"):
             return await self._translated(method, path, body, traffic, forwarded, caller)
@@ -141,7 +141,8 @@ class Gateway:
         except BadRequest as bad:
             return error(400, str(bad), bad.code, bad.param)
         request.pop(STATE, None)  # a descriptor is the gateway's to give
-        asked = request.pop(HANDOFF, None) if forwarded else None
+        asked = request.pop(HANDOFF, None)
+        asked = asked if forwarded else None  # only another node names a helper
         model = request.get("model") or self.registry.default_model()
         if model is None:
             self.router.routing_errors += 1
@@ -164,9 +165,7 @@ class Gateway:
             if isinstance(candidates, Response):
                 return candidates
             if endpoint == "chat/completions":
-                said = await self._hand_off(request, candidates, model, tokens, asked)
-                if isinstance(said, Response):
-                    return said
+                said = await self._hand_off(request, candidates, tokens, asked)
                 handed = (said,) if said else ()
             if not request.get("stream"):
                 response = await self._complete(endpoint, request, candidates, chain)
@@ -192,30 +191,49 @@ class Gateway:
                 self.changed()
 
     async def _hand_off(self, request: dict[str, Any], candidates: list[scoring.Scored],
-                        model: str, tokens: int, asked: Any,
-                        ) -> tuple[bytes, bytes] | Response | None:
+                        tokens: int, asked: Any) -> tuple[bytes, bytes] | None:
         """The prefill hand-off (handoff.py) for a chat: a state pulled for
         this node's runtimed (into `request`), or the helper named for the
-        member that answers; the header that says so, a 400 for a helper
-        that is not a member, or None when there is none."""
+        member that answers (`request`'s HANDOFF); the header that says so,
+        or None when there is none."""
         if asked is not None:  # a member routed it here, naming its helper
             named = self.handoff.helper(asked)
-            if isinstance(named, Response):
-                return named
-            if (fd := await self.handoff.pull(named, request)) is not None:
-                request[STATE] = fd
+            if named is None or (fd := await self.handoff.pull(named, request)) is None:
+                return None
+            request[STATE] = fd
             return (b"x-syntrop-handoff", self.registry.node_of(named).encode())
-        planned = await self.handoff.plan(model, candidates, tokens)
+        planned = await self.handoff.plan(candidates, tokens)
         if planned is None:
             return None
         target, helper = planned
         node = self.registry.node_of(helper.provider)
         if target.provider in {p.id for p in self.registry.fleet}:
-            request[HANDOFF] = {"from": node}  # the member pulls it
+            request[HANDOFF] = {"from": node, "to": target.provider}  # the member pulls it
         elif (fd := await self.handoff.pull(helper.provider,
                                             {**request, "model": helper.model})) is not None:
             request[STATE] = fd
+        else:
+            return None
         return (b"x-syntrop-handoff", node.encode())
+
+    async def _prefill(self, method: str, body: bytes, traffic: str,
+                       forwarded: bool) -> Response:
+        """POST /v1/syntrop/prefill, for the fleet's members (they mark what
+        they send as forwarded): admitted and counted as a model request."""
+        if not forwarded:
+            return error(404, "the prefill hand-off is for fleet members (x-syntrop-forwarded)",
+                         "unknown_url")
+        self.requests_total += 1
+        try:
+            async with asyncio.timeout(self.config.deadline):
+                await self.admission.enter(traffic)
+        except TimeoutError:
+            return error(503, "routerd is at its limit of requests in flight",
+                         "server_overloaded")
+        try:
+            return await self.handoff.serve(method, body)
+        finally:
+            self.admission.leave(traffic)
 
     async def _translated(self, method: str, path: str, body: bytes, traffic: str,
                           forwarded: bool, caller: str) -> Response:

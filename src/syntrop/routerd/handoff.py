@@ -64,7 +64,7 @@ class Handoff:
 
     # the entry node -----------------------------------------------------------
 
-    async def plan(self, model: str, candidates: list[scoring.Scored],
+    async def plan(self, candidates: list[scoring.Scored],
                    prompt_tokens: int) -> tuple[scoring.Scored, scoring.Scored] | None:
         """(the target, the helper) when the request is worth handing off
         (see the module); None to route it as it is. A member's slots are
@@ -77,13 +77,13 @@ class Handoff:
         if target.cooling or target.throttled or \
                 prompt_tokens - target.prefix_chars // CHARS_PER_TOKEN < threshold:
             return None
-        free, total = await self._slots(target.provider, model)
+        free, total = await self._slots(target.provider, target.model)
         if free is None or total is None or not 0 < free < total:
             return None  # unknown, idle (it prefills fastest itself) or full (overflow)
         for other in candidates[1:]:
             if other.cooling or other.throttled or not self._prefills(other.provider):
                 continue
-            free, total = await self._slots(other.provider, model)
+            free, total = await self._slots(other.provider, other.model)
             if free is not None and free == total:
                 self._count("planned")
                 return target, other
@@ -108,15 +108,19 @@ class Handoff:
 
     # the target ---------------------------------------------------------------
 
-    def helper(self, value: Any) -> str | Response:
-        """The provider a forwarded request's HANDOFF names, or a 400."""
+    def helper(self, value: Any) -> str | None:
+        """The provider a forwarded request's HANDOFF names: a fleet member
+        or this node's own runtimed; None (logged: the target prefills)
+        for anything else, a member this node has not seen join, say."""
         node = value.get("from") if isinstance(value, dict) else None
         found = next((p.id for p in self.registry.effective()
                       if isinstance(node, str) and self.registry.node_of(p.id) == node
-                      and self._prefills(p.id)), None)
+                      and self._prefills(p.id) and (p.id in self._members()
+                                                    or p.kind == "runtimed")), None)
         if found is None:
-            return error(400, f"{HANDOFF}.from must name a member of this fleet",
-                         "invalid_handoff", HANDOFF)
+            logger.warning("prefill hand-off from %r: not a member here; prefilling here",
+                           node)
+            self._count("unknown")
         return found
 
     async def pull(self, provider: str, request: dict[str, Any]) -> int | None:
@@ -179,10 +183,13 @@ class Handoff:
 def body_for(provider: Provider, body: dict[str, Any]) -> dict[str, Any]:
     """`body` as `provider` takes it: a state's descriptor (STATE) only for
     runtimed (a provider reporting its load), the helper's name (HANDOFF)
-    only for another routerd (one that advertises); neither elsewhere."""
+    only for the member it was planned for (its "to", not sent on)."""
     if STATE not in body and HANDOFF not in body:
         return body
-    drop = {HANDOFF} if provider.capabilities.load else \
-        {STATE} if provider.capabilities.advertise and provider.capabilities.prefill \
-        else {STATE, HANDOFF}
-    return {k: v for k, v in body.items() if k not in drop}
+    out = {k: v for k, v in body.items() if k not in (STATE, HANDOFF)}
+    if STATE in body and provider.capabilities.load:
+        out[STATE] = body[STATE]
+    planned = body.get(HANDOFF)
+    if isinstance(planned, dict) and planned.get("to") == provider.config.id:
+        out[HANDOFF] = {"from": planned.get("from")}
+    return out

@@ -250,7 +250,7 @@ class RuntimeService(Runtime1):
                 resident.batch_running = (resident.batch_running or 0) + 1
                 held.callback(self._batch_left, resident)
             call = self._open(resident, "generate",
-                              {**prompt, "options": asdict(options),
+                              {**prompt, "options": asdict(options), "digest": resident.digest,
                                **checks.decoding(params, compiled, speculative)},
                               [state.fileno()] if state is not None else (), label=label)
         except BaseException:
@@ -303,7 +303,8 @@ class RuntimeService(Runtime1):
             held.callback(self.slots.release)
             with contract():
                 result, fds = await resident.worker.request_fds(
-                    "export", {"messages": turns, "options": asdict(options)}, label="Prefill")
+                    "export", {"messages": turns, "options": asdict(options),
+                           "digest": resident.digest}, label="Prefill")
         if len(fds) != 1:  # cancelled: nobody is waiting for it
             for fd in fds:
                 os.close(fd)

@@ -23,6 +23,7 @@ class Load:
     """Stands in for runtimed's GetLoad."""
 
     capabilities = Capabilities(load=True, prefill=True)
+    config = LOCAL
 
     def __init__(self, free: int) -> None:
         self.free = free
@@ -50,8 +51,7 @@ def plan(local_free: int, member_free: int, order: tuple[str, str], tokens: int 
          prefix_chars: int = 0) -> tuple[str, str] | None:
     handoff = Handoff(registry(local_free, member_free))
     first, second = order
-    found = asyncio.run(handoff.plan("m", [scored(first, prefix_chars), scored(second)],
-                                     tokens))
+    found = asyncio.run(handoff.plan([scored(first, prefix_chars), scored(second)], tokens))
     return None if found is None else (found[0].provider, found[1].provider)
 
 
@@ -79,25 +79,82 @@ def test_off_without_a_fleet_or_with_handoff_tokens_zero() -> None:
         if fleet.etcd:
             found.set_fleet((MEMBER,), free={"fleet:b": 1})
         assert asyncio.run(Handoff(found).plan(
-            "m", [scored("fleet:b"), scored("local")], 3000)) is None
+            [scored("fleet:b"), scored("local")], 3000)) is None
 
 
 def test_each_provider_is_sent_only_its_part() -> None:
     found = registry(2, 1)
-    body = {"model": "m", STATE: 7, HANDOFF: {"from": "a"}}
+    body = {"model": "m", STATE: 7, HANDOFF: {"from": "a", "to": "fleet:b"}}
     runtimed = found.providers["local"]
-    peer = REGISTRY["peer"](MEMBER, Paths.from_environment())
+    paths = Paths.from_environment()
+    member = REGISTRY["peer"](MEMBER, paths)
+    other = REGISTRY["peer"](ProviderConfig(id="fleet:c", kind="peer", endpoint="http://c:1/v1",
+                                            tier="lan", models=("m",)), paths)
     remote = REGISTRY["openai"](ProviderConfig(id="r", kind="openai", endpoint="http://r/v1",
-                                               tier="remote", models=("m",)),
-                                Paths.from_environment())
+                                               tier="remote", models=("m",)), paths)
     assert body_for(runtimed, body) == {"model": "m", STATE: 7}
-    assert body_for(peer, body) == {"model": "m", HANDOFF: {"from": "a"}}
+    # The helper's name goes to the member it was planned for, and no further.
+    assert body_for(member, body) == {"model": "m", HANDOFF: {"from": "a"}}
+    assert body_for(other, body) == {"model": "m"}
     assert body_for(remote, body) == {"model": "m"}
 
 
-def test_a_helper_must_be_a_member() -> None:
-    handoff = Handoff(registry(2, 1))
+def test_a_helper_must_be_a_member_or_this_nodes_runtimed() -> None:
+    found = registry(2, 1)
+    lan = ProviderConfig(id="lan-peer", kind="peer", endpoint="http://l:1/v1", tier="lan",
+                         models=("m",))
+    found.config = Config(listen=(), providers=(LOCAL, lan), fleet=FLEET)
+    found.providers["lan-peer"] = REGISTRY["peer"](lan, Paths.from_environment())
+    handoff = Handoff(found)
     assert handoff.helper({"from": "b"}) == "fleet:b"
-    for bad in ({"from": "z"}, {"from": 3}, "b", None):
-        refused = handoff.helper(bad)
-        assert not isinstance(refused, str) and refused.status == 400
+    assert handoff.helper({"from": "a"}) == "local"  # this node (FLEET.node)
+    # A configured LAN peer that is not a member, an unknown node, junk:
+    # not pulled from (the target prefills itself).
+    for bad in ({"from": "lan-peer"}, {"from": "z"}, {"from": 3}, "b", None):
+        assert handoff.helper(bad) is None
+    assert handoff.counts["unknown"] == 5
+
+
+class Recorder:
+    """Stands in for runtimed: records what it is sent, answers a chat."""
+
+    capabilities = Capabilities(load=True, prefill=True)
+    config = LOCAL
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    async def load(self) -> dict[str, object]:
+        return {"free_slots": 2, "total_slots": 2, "models": []}
+
+    async def complete(self, endpoint: str, body: dict[str, object]) -> dict[str, object]:
+        self.sent.append(body)
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                             "finish_reason": "stop"}]}
+
+
+def test_a_clients_descriptor_or_helper_is_never_used() -> None:
+    """A client naming a descriptor (STATE) or a helper (HANDOFF, without
+    being another node) gets an answer: runtimed is sent neither, and the
+    gateway closes nothing of its own."""
+    import json
+    import os
+
+    from syntrop.routerd.gateway import Gateway
+    from syntrop.routerd.pressure import Pressure
+
+    gateway = Gateway(Config(listen=(), providers=(LOCAL,)), Paths.from_environment(),
+                      pressure=Pressure(25.0, read=lambda: 0.0))
+    recorder = Recorder()
+    gateway.registry.providers["local"] = recorder  # type: ignore[assignment]
+    mine, other = os.pipe()
+    try:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                           STATE: mine, HANDOFF: {"from": "a"}}).encode()
+        answer = asyncio.run(gateway.handle("POST", "/v1/chat/completions", body))
+        assert answer.status == 200
+        assert recorder.sent and all(STATE not in b and HANDOFF not in b for b in recorder.sent)
+        os.fstat(mine)  # still open
+    finally:
+        os.close(mine)
+        os.close(other)

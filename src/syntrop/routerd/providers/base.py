@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 #: runtimed answers from (Chat's prefix_state; handoff.py). Only the
 #: gateway sets it (it drops one a client sends) and closes the descriptor.
 STATE = "_syntrop_prefix_state"
+#: Most bytes of such a state a node takes from another (a 131,072-token
+#: context of SmolLM2 is about 3 GiB).
+MAX_STATE_BYTES = 4 << 30
 
 
 class ProviderError(Exception):

@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from syntrop.routerd.providers.base import Capabilities, ProviderError
+from syntrop.routerd.providers.base import MAX_STATE_BYTES, Capabilities, ProviderError
 from syntrop.routerd.providers.openai import OpenAIProvider
 
 
@@ -55,7 +55,11 @@ class PeerProvider(OpenAIProvider):
             try:
                 if exchange.status != 200:
                     raise await self._failed(exchange)
+                received = 0
                 async for part in exchange.body():
+                    received += len(part)
+                    if received > MAX_STATE_BYTES:
+                        raise ProviderError(502, "the peer's prefill state is too large")
                     view = memoryview(part)
                     while view:
                         view = view[os.write(fd, view):]

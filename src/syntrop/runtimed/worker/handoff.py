@@ -5,9 +5,11 @@ before it is answered (`adopt`).
 A fleet node whose home for a long prompt is busy decoding asks an idle
 node to prefill it (Runtime1.Prefill); the home answers with the state
 restored (Runtime1.Chat's prefix_state) and evaluates only the prompt's
-last token, for its logits. The state is llama.cpp's sequence state in
-worker/saved.py's format; the prefill runs CHUNK tokens per evaluation,
-the cancel and the pace board looked at between chunks.
+last token, for its logits. The state is the model's SHA-256 (64 hex
+digits: a state of another file of the same name is not used), then
+llama.cpp's sequence state in worker/saved.py's format; the prefill runs
+CHUNK tokens per evaluation, the cancel and the pace board looked at
+between chunks.
 """
 
 import logging
@@ -27,13 +29,15 @@ from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
+#: Bytes of the model's digest before the state.
+DIGEST = 64
 #: Prompt tokens evaluated per step of an exported prefill (the seed's
 #: micro-batch): a cancel waits at most one chunk.
 CHUNK = 1024
 
 
 def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots: int,
-           stop: threading.Event, pace: Pace) -> tuple[dict[str, int], list[int]]:
+           stop: threading.Event, pace: Pace, digest: str) -> tuple[dict[str, int], list[int]]:
     """Prefill the chat `turns`' prompt but its last token in a context of
     the pool (reusing what one holds of it), in CHUNK-token steps; its
     state in a memfd, and how many tokens were reused and computed (no
@@ -63,16 +67,25 @@ def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots
         raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
     finally:
         pool.give(options, engine)
-    fd = memfd_of(saved, "syntrop-prefill")
+    fd = memfd_of(saved, "syntrop-prefill", _header(digest))
     return {"tokens": len(saved.tokens), "reused_tokens": reused,
             "prefilled_tokens": len(body) - reused, "bytes": len(saved.data)}, [fd]
 
 
-def handed(fds: list[int]) -> Saved | None:
-    """The state handed in with a request (fds[0], if any), every
-    descriptor closed; None without one or when it cannot be read."""
+def _header(digest: str) -> bytes:
+    return digest.encode("ascii", "replace")[:DIGEST].ljust(DIGEST, b"-")
+
+
+def handed(fds: list[int], digest: str) -> Saved | None:
+    """The state handed in with a request (fds[0], if any) when it is of
+    the model of `digest`, every descriptor closed; None without one, or
+    when it is of another model or cannot be read."""
     try:
-        return read_saved(fds[0]) if fds else None
+        if not fds:
+            return None
+        if os.pread(fds[0], DIGEST, 0) != _header(digest):
+            raise ValueError("a state of another model file")
+        return read_saved(fds[0], DIGEST)
     except (OSError, ValueError) as error:
         logger.warning("a handed-in prefix state is not used: %s", error)
         return None

@@ -226,7 +226,7 @@ class Host:
     def generate(self, args: dict[str, Any], sink: Sink, fds: list[int]) -> dict[str, Any]:
         """A completion (`prompt`) or chat (`messages`) stream; fds[0], if
         any, a prefill handed in for its prompt (handoff.py)."""
-        saved = handoff.handed(fds)
+        saved = handoff.handed(fds, str(args.get("digest") or ""))
         options = options_from(args["options"])
         params = params_from(args["params"])
         compiled = _constraint(args.get("constraint"))
@@ -264,6 +264,7 @@ class Host:
         try:
             counts = Counts(_reasoning(engine, params))
             handoff.adopt(engine, saved, tokens)
+            saved = None  # its bytes are in the context now
             with contextlib.ExitStack() as held:
                 drafter = None if speculative is None else \
                     self._drafter(speculative, engine, options, held)

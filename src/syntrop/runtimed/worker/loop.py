@@ -231,7 +231,7 @@ class Loop:
                 os.close(fd)
             return handoff.export(host._pool(), options_from(args["options"]),
                                   [(str(r), str(c)) for r, c in args["messages"]],
-                                  host.slots, sink.stop, host.pace)
+                                  host.slots, sink.stop, host.pace, str(args["digest"]))
         for fd in fds:
             os.close(fd)
         handlers: dict[str, Callable[[], dict[str, Any]]] = {

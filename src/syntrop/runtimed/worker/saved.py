@@ -10,30 +10,33 @@ from array import array
 from syntrop.runtimed.worker.engine import Saved
 
 
-def write_saved(fd: int, saved: Saved) -> None:
-    """Write `saved` at the start of `fd` (in the spill format)."""
+def write_saved(fd: int, saved: Saved, start: int = 0) -> None:
+    """Write `saved` at `start` in `fd` (in the spill format)."""
     tokens = _little(array("i", saved.tokens))
     view = memoryview(len(saved.tokens).to_bytes(8, "little") + tokens.tobytes() + saved.data)
     offset = 0
     while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
+        offset += os.pwrite(fd, view[offset:], start + offset)
 
 
-def memfd_of(saved: Saved, name: str) -> int:
-    """A new memfd holding `saved` (in the spill format); the caller's."""
+def memfd_of(saved: Saved, name: str, header: bytes = b"") -> int:
+    """A new memfd holding `header`, then `saved` (in the spill format);
+    the caller's."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        write_saved(fd, saved)
+        os.pwrite(fd, header, 0)
+        write_saved(fd, saved, len(header))
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def read_saved(fd: int) -> Saved:
-    """The state written by `write_saved` (ValueError when it is damaged)."""
-    size = os.fstat(fd).st_size
-    blob = os.pread(fd, size, 0) if size else b""
+def read_saved(fd: int, start: int = 0) -> Saved:
+    """The state written by `write_saved` at `start` (ValueError when it is
+    damaged)."""
+    size = os.fstat(fd).st_size - start
+    blob = os.pread(fd, size, start) if size > 0 else b""
     if len(blob) < 8:
         raise ValueError("spilled state: truncated")
     count = int.from_bytes(blob[:8], "little")
