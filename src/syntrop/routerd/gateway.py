@@ -148,13 +148,8 @@ class Gateway:
             self.router.routing_errors += 1
             return error(404, "no model named and no default model", "model_not_found", "model")
         deadline = time.monotonic() + self.config.deadline
-        if not self.admission.try_enter(traffic):
-            try:
-                async with asyncio.timeout(self.config.deadline):
-                    await self.admission.enter(traffic)
-            except TimeoutError:
-                return error(503, "routerd is at its limit of requests in flight",
-                             "server_overloaded")
+        if (refused := await self._admit(traffic)) is not None:
+            return refused
         stream = None
         handed: tuple[tuple[bytes, bytes], ...] = ()
         try:
@@ -216,6 +211,19 @@ class Gateway:
             return None
         return (b"x-syntrop-handoff", node.encode())
 
+    async def _admit(self, traffic: str) -> Response | None:
+        """Take a place among the requests in flight (waiting at most the
+        deadline); a 503 when none came. The caller leaves it."""
+        if self.admission.try_enter(traffic):
+            return None
+        try:
+            async with asyncio.timeout(self.config.deadline):
+                await self.admission.enter(traffic)
+        except TimeoutError:
+            return error(503, "routerd is at its limit of requests in flight",
+                         "server_overloaded")
+        return None
+
     async def _prefill(self, method: str, body: bytes, traffic: str,
                        forwarded: bool) -> Response:
         """POST /v1/syntrop/prefill, for the fleet's members (they mark what
@@ -224,12 +232,8 @@ class Gateway:
             return error(404, "the prefill hand-off is for fleet members (x-syntrop-forwarded)",
                          "unknown_url")
         self.requests_total += 1
-        try:
-            async with asyncio.timeout(self.config.deadline):
-                await self.admission.enter(traffic)
-        except TimeoutError:
-            return error(503, "routerd is at its limit of requests in flight",
-                         "server_overloaded")
+        if (refused := await self._admit(traffic)) is not None:
+            return refused
         try:
             return await self.handoff.serve(method, body)
         finally:
