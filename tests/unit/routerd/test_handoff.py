@@ -158,3 +158,28 @@ def test_a_clients_descriptor_or_helper_is_never_used() -> None:
     finally:
         os.close(mine)
         os.close(other)
+
+
+def test_the_prefill_endpoint_refuses_what_is_not_a_members_chat() -> None:
+    """POST /v1/syntrop/prefill: 404 to a caller that is not another node,
+    405 to another method, 400 to a body that is not a chat, 404 for a
+    model this node's runtimed does not serve; each in OpenAI's error shape."""
+    import json
+
+    from syntrop.routerd.gateway import Gateway
+    from syntrop.routerd.pressure import Pressure
+
+    gateway = Gateway(Config(listen=(), providers=(LOCAL,), fleet=FLEET),
+                      Paths.from_environment(), pressure=Pressure(25.0, read=lambda: 0.0))
+    gateway.registry.set_fleet((MEMBER,))
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    cases = [("POST", chat, False, 404), ("GET", b"", True, 405),
+             ("POST", b"{not json", True, 400), ("POST", b'{"model": "m"}', True, 400),
+             ("POST", json.dumps({"model": "other", "messages": [
+                 {"role": "user", "content": "Hi"}]}).encode(), True, 404)]
+    for method, body, forwarded, status in cases:
+        answer = asyncio.run(gateway.handle(method, "/v1/syntrop/prefill", body,
+                                            forwarded=forwarded))
+        assert answer.status == status, (method, body, answer.body)
+        assert "error" in json.loads(answer.body)
+    assert gateway.admission.busy["user"] == 0  # every place given back
