@@ -6,9 +6,12 @@ made while it was not running, a flood of 10,000 changes, bad parameters.
 
 The journal and package sources are in test_contextd_sources.py."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from tests.service.wire import (
     running,
     wait_for,
 )
+from tests.support import require_nobody_can_run_us
 
 
 def test_file_changes_are_recorded_with_diffs(tmp_path: Path) -> None:
@@ -265,3 +269,69 @@ def test_a_bad_configuration_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "contextd.toml: ring_size must be an integer >= 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+#: A journalctl that answers --unit=U with the entries of U below (as JSON
+#: lines, newest first) and anything else with nothing.
+FAKE_JOURNALCTL = """
+import json, sys
+entries = {
+    "sshd.service": [{"_UID": "0", "MESSAGE": "Accepted password for root"}],
+    "mine.service": [{"_UID": "65534", "MESSAGE": "nobody's own line"},
+                     {"_UID": "0", "_PID": "1", "UNIT": "mine.service",
+                      "MESSAGE": "mine.service: Failed with result 'exit-code'."}],
+}
+units = [a.removeprefix("--unit=") for a in sys.argv[1:] if a.startswith("--unit=")]
+for n, fields in enumerate(entries.get(units[0], []) if units else []):
+    fields = {"__REALTIME_TIMESTAMP": str(1_700_000_000_000_000 - n), "__CURSOR": f"c{n}",
+              "PRIORITY": "6", "_PID": "42", "_SYSTEMD_UNIT": units[0], **fields}
+    print(json.dumps(fields))
+"""
+
+#: GetUnitContext of each unit named, as nobody calls it: lines and error.
+CONTEXT_AS_NOBODY = """
+import json, os, sys, varlink
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+answers = {}
+for unit in sys.argv[2:]:
+    with varlink.Client(address=sys.argv[1]) as client, \\
+            client.open("io.syntrop.Context1") as context:
+        reply = context.GetUnitContext(unit=unit)
+        answers[unit] = [[e["message"] for e in reply["journal"]], reply.get("journal_error")]
+print(json.dumps(answers))
+"""
+
+
+def test_journal_lines_only_to_those_who_may_read_them() -> None:
+    """A stranger gets no lines of another uid's unit, and why; the unit's
+    own uid gets its lines; root gets every unit's."""
+    require_nobody_can_run_us()
+    root = Path(tempfile.mkdtemp(prefix="syntrop-contextd-"))  # nobody must reach the socket
+    try:
+        root.chmod(0o755)
+        system = root / "system"
+        system.mkdir()
+        journalctl = root / "journalctl"
+        journalctl.write_text(f"#!{sys.executable}\n{FAKE_JOURNALCTL}")
+        journalctl.chmod(0o755)
+        with contextd(root, [system], journal={"journalctl": str(journalctl),
+                                               "kernel": False}) as daemon:
+            socket = Path(daemon.address.removeprefix("unix:"))
+            for directory in (root / "run", socket.parent):
+                directory.chmod(0o755)
+            socket.chmod(0o666)
+            as_root = call(daemon, "GetUnitContext", unit="sshd.service")
+            assert [e["message"] for e in as_root["journal"]] == ["Accepted password for root"]
+            assert as_root.get("journal_error") is None
+
+            out = subprocess.run([sys.executable, "-c", CONTEXT_AS_NOBODY, daemon.address,
+                                  "sshd.service", "mine.service"],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            answers = json.loads(out.stdout)
+            lines, error = answers["sshd.service"]
+            assert lines == [] and error is not None and "systemd-journal" in error, answers
+            lines, error = answers["mine.service"]
+            assert "nobody's own line" in lines and error is None, answers
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import varlink
 
-from tests.system.instance import Instance, wait_until
+from tests.system.instance import NOBODY, Instance, call_as, wait_until
 
 NAME = "io.syntrop.Context1"
 UNIT = "syntrop-ctx-probe.service"
@@ -98,3 +98,9 @@ def test_a_broken_dropin_is_what_contextd_names(instance: Instance, probe_units:
     # Under the unit's sandbox (no CAP_SYS_ADMIN) fanotify is off: no writer.
     assert call(instance, "GetStatus")["fanotify"] is False
     assert "pid" not in first
+
+    # Another uid gets the same events but none of the unit's journal
+    # lines (the unit is root's), and why.
+    stranger = call_as(instance, NOBODY, NAME, "GetUnitContext", unit=UNIT)["parameters"]
+    assert stranger["journal"] == [] and "systemd-journal" in stranger["journal_error"]
+    assert [e["id"] for e in stranger["events"]] == [e["id"] for e in ranked]

@@ -40,6 +40,10 @@ class Line:
     cursor: str
     invocation_id: str | None = None
     failure_marker: bool = False
+    #: Who wrote it, as journald recorded (_UID), and the user whose
+    #: session or unit it came from (_SYSTEMD_OWNER_UID); None when absent.
+    uid: int | None = None
+    owner_uid: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -91,7 +95,8 @@ def line_of(raw: dict[str, Any]) -> Line | None:
     marker = text(raw.get("MESSAGE_ID")) == FAILURE_MESSAGE_ID or bool(raw.get("UNIT_RESULT"))
     return Line(timestamp_usec=stamp, priority=priority if priority is not None else 6,
                 message=message, unit=unit, pid=_int(raw.get("_PID")), cursor=cursor,
-                invocation_id=invocation or None, failure_marker=marker)
+                invocation_id=invocation or None, failure_marker=marker,
+                uid=_int(raw.get("_UID")), owner_uid=_int(raw.get("_SYSTEMD_OWNER_UID")))
 
 
 def at(usec: int) -> str:

@@ -12,7 +12,7 @@ import os
 import signal
 
 from syntrop.config import Paths
-from syntrop.contextd import journal, units
+from syntrop.contextd import access, journal, units
 from syntrop.contextd.config import Config, load
 from syntrop.contextd.explain import explain
 from syntrop.contextd.recorder import Recorder
@@ -29,7 +29,7 @@ from syntrop.interfaces.context import (
     UnitContext,
     UnitNotFound,
 )
-from syntrop.varlink import InvalidParameter, implements
+from syntrop.varlink import InvalidParameter, current_peer, implements
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ class ContextService(Context1):
                               invocation_id=invocation_id, limit=count)
         if not found.known:
             raise UnitNotFound(unit=unit)
+        lines, journal_error = await _visible(unit, found.lines, found.journal_error)
         diffs = await self.recorder.diffs(
             r.id for r, _ in found.events if r.has_diff) if include_diffs else {}
         budget = MAX_DIFFS_PER_REPLY
@@ -140,7 +141,7 @@ class ContextService(Context1):
         return UnitContext(
             unit=unit, failure_usec=found.failure_usec, invocation_id=found.invocation_id,
             events=[_event(r, diff=diffs.get(r.id), relevance=rel) for r, rel in found.events],
-            journal=[_entry(line) for line in found.lines], journal_error=found.journal_error,
+            journal=[_entry(line) for line in lines], journal_error=journal_error,
             dropped_events=self.recorder.counters.dropped)
 
     @implements
@@ -181,6 +182,18 @@ class ContextService(Context1):
             queue_overflows=recorder.counters.overflows,
             skipped_lines=recorder.counters.skipped, watched_paths=recorder.watcher.watched,
             shadow_bytes=recorder.shadow_total, fanotify=recorder.fanotify is not None)
+
+
+async def _visible(unit: str, lines: list[journal.Line],
+                   error: str | None) -> tuple[list[journal.Line], str | None]:
+    """The journal lines the caller may have (see access), and the reply's
+    journal_error: the refusal when it may have none."""
+    uid, own = current_peer().uid, os.geteuid()
+    groups: frozenset[str] = frozenset()
+    if uid not in (0, own):
+        groups = await asyncio.to_thread(access.groups_of, uid)  # NSS may block
+    shown, refused = access.visible(unit, lines, caller_uid=uid, groups=groups, own_uid=own)
+    return shown, refused or error
 
 
 def _start_failed(task: "asyncio.Task[None]") -> None:
