@@ -7,11 +7,23 @@ function_call_output items) is appended to the conversation of
 like any other, so the same providers, affinity (a continued conversation
 shares its prefix, so it goes where that prefix is warm), limits and
 failover. The answer becomes output items (reasoning, message,
-function_call) and, unless `store` is false, the response and its whole
+function_call) and, unless `store` is false, the response and its
 conversation are kept in routerd's state directory (responses.sqlite), so a
 later request continues it by id. `instructions` are the request's own (as
 OpenAI's API has it, they do not carry over to a continuation). Kept: at most
-MAX_STORED responses, each at most TTL seconds; the oldest go first.
+MAX_STORED responses, MAX_PER_OWNER of one caller's, each at most TTL
+seconds; the oldest go first.
+
+What is stored is what the model is sent: items in the shapes `messages`
+reads (a message's text parts joined, no ids or statuses), reasoning items
+not at all. Each response's row holds only the items it added and points at
+the response it continued, so a conversation's history is stored once, not
+once per turn; reading a response walks the chain back. A response that is
+deleted or dropped while a later one continues it keeps its items (not its
+response) until no kept response needs them. A stored conversation is at
+most MAX_CONVERSATION_ITEMS items and MAX_CONVERSATION_BYTES bytes: a
+request that would take it past either is refused (400) before the model is
+asked (one answer's items may still go past it; the next request is refused).
 
 What maps to what: `max_output_tokens` → max_tokens; temperature, top_p;
 function `tools` (flat, as this API writes them) and `tool_choice`;
@@ -27,20 +39,43 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from syntrop.routerd.api import BadRequest, Response, error, ok, parse
 from syntrop.routerd.sse import SSEParser
 
 #: Most responses kept; the oldest go first.
 MAX_STORED = 10_000
+#: Most responses kept of one caller (owner); their oldest go first.
+MAX_PER_OWNER = 1_000
+#: Most items in a stored conversation.
+MAX_CONVERSATION_ITEMS = 256
+#: Most bytes a stored conversation takes: its items and its responses' JSON.
+MAX_CONVERSATION_BYTES = 1 << 20
 #: Seconds a stored response is kept (30 days).
 TTL = 30 * 86400
 MIGRATIONS = ("CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
               "conversation TEXT NOT NULL, response TEXT NOT NULL);"
               "CREATE INDEX responses_created ON responses (created)",
               # Whose it is: the API key that made it, as http.py names it.
-              "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+              "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+              # A chain: each row holds the items it added (`items`) after
+              # those of `previous`; `count` and `bytes` are the
+              # conversation's up to it; `visible` is 0 for a response
+              # deleted or dropped, kept for the items a later one needs.
+              # Rows from before hold their whole conversation, as roots.
+              "ALTER TABLE responses RENAME COLUMN conversation TO items;"
+              "ALTER TABLE responses ADD COLUMN previous TEXT;"
+              "ALTER TABLE responses ADD COLUMN count INTEGER NOT NULL DEFAULT 0;"
+              "ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;"
+              "ALTER TABLE responses ADD COLUMN visible INTEGER NOT NULL DEFAULT 1;"
+              "UPDATE responses SET count = json_array_length(items), "
+              "bytes = length(items) + length(response);"
+              "DROP INDEX responses_created;"
+              "CREATE INDEX responses_kept ON responses (visible, created);"
+              "CREATE INDEX responses_owner ON responses (owner, visible, created);"
+              "CREATE INDEX responses_previous ON responses (previous);"
+              "CREATE INDEX responses_gone ON responses (id) WHERE visible = 0")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 Chat = Callable[[bytes], Awaitable[Response]]
@@ -48,6 +83,29 @@ Chat = Callable[[bytes], Awaitable[Response]]
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class Stored(NamedTuple):
+    """A stored response: its conversation rebuilt, the response, and the
+    conversation's stored bytes (`size`)."""
+    conversation: list[dict[str, Any]]
+    response: dict[str, Any]
+    size: int
+
+
+def _drop_unneeded(c: sqlite3.Connection) -> None:
+    """Rows of responses no longer kept that no row continues, until none."""
+    while c.execute("DELETE FROM responses WHERE visible = 0 AND NOT EXISTS (SELECT 1 "
+                    "FROM responses AS later WHERE later.previous = responses.id)"
+                    ).rowcount:
+        pass
+
+
+_FORGET = "UPDATE responses SET visible = 0, response = '' WHERE "
 
 
 class Store:
@@ -65,33 +123,62 @@ class Store:
             self._database = Database(self.path, MIGRATIONS)
         return self._database
 
-    async def get(self, response_id: str,
-                  owner: str = "") -> tuple[list[Any], dict[str, Any]] | None:
-        def read(c: sqlite3.Connection) -> tuple[str, str] | None:
-            row = c.execute("SELECT conversation, response FROM responses "
-                            "WHERE id = ? AND owner = ? AND created > ?",
+    async def get(self, response_id: str, owner: str = "") -> Stored | None:
+        def read(c: sqlite3.Connection) -> tuple[str, int, list[str]] | None:
+            row = c.execute("SELECT response, bytes FROM responses WHERE id = ? AND "
+                            "owner = ? AND visible = 1 AND created > ?",
                             (response_id, owner, time.time() - TTL)).fetchone()
-            return None if row is None else (row[0], row[1])
+            if row is None:
+                return None
+            # Each response adds an item at least (a row from before holds
+            # its whole conversation): the depth bound only stops a loop.
+            chain = c.execute(
+                "WITH RECURSIVE chain(previous, items, depth) AS ("
+                "SELECT previous, items, 0 FROM responses WHERE id = ? UNION ALL "
+                "SELECT r.previous, r.items, chain.depth + 1 FROM responses AS r "
+                "JOIN chain ON r.id = chain.previous WHERE chain.depth < ?) "
+                "SELECT items FROM chain ORDER BY depth DESC",
+                (response_id, MAX_CONVERSATION_ITEMS * 2)).fetchall()
+            return row[0], row[1], [part for part, in chain]
 
         found = await self._db().run(read)
-        return None if found is None else (json.loads(found[0]), json.loads(found[1]))
+        if found is None:
+            return None
+        conversation = [item for part in found[2] for item in json.loads(part)]
+        return Stored(conversation, json.loads(found[0]), found[1])
 
-    async def put(self, response: dict[str, Any], conversation: list[Any],
-                  owner: str = "") -> None:
+    async def put(self, response: dict[str, Any], conversation: list[dict[str, Any]],
+                  owner: str = "", previous: str | None = None) -> None:
+        """Keep `response`, the answer to `conversation`: the items it adds
+        to that of `previous` (all of them where that one is gone)."""
         def write(c: sqlite3.Connection) -> None:
-            c.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                      (response["id"], time.time(), json.dumps(conversation),
-                       json.dumps(response), owner))
-            c.execute("DELETE FROM responses WHERE created <= ?", (time.time() - TTL,))
-            c.execute("DELETE FROM responses WHERE id IN (SELECT id FROM responses "
+            row = None if previous is None else c.execute(
+                "SELECT count, bytes FROM responses WHERE id = ? AND owner = ?",
+                (previous, owner)).fetchone()
+            start, before = (0, 0) if row is None else (row[0], row[1])
+            items, text = _json(conversation[start:]), _json(response)
+            c.execute("INSERT OR REPLACE INTO responses (id, created, items, response, "
+                      "owner, previous, count, bytes, visible) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                      (response["id"], time.time(), items, text, owner,
+                       None if row is None else previous, len(conversation),
+                       before + len(items) + len(text)))
+            c.execute(_FORGET + "visible = 1 AND created <= ?", (time.time() - TTL,))
+            c.execute(_FORGET + "id IN (SELECT id FROM responses WHERE visible = 1 AND "
+                      "owner = ? ORDER BY created DESC LIMIT -1 OFFSET ?)",
+                      (owner, MAX_PER_OWNER))
+            c.execute(_FORGET + "id IN (SELECT id FROM responses WHERE visible = 1 "
                       "ORDER BY created DESC LIMIT -1 OFFSET ?)", (MAX_STORED,))
+            _drop_unneeded(c)
 
         await self._db().run(write)
 
     async def delete(self, response_id: str, owner: str = "") -> bool:
         def remove(c: sqlite3.Connection) -> bool:
-            return c.execute("DELETE FROM responses WHERE id = ? AND owner = ?",
-                             (response_id, owner)).rowcount > 0
+            found = c.execute(_FORGET + "id = ? AND owner = ? AND visible = 1",
+                              (response_id, owner)).rowcount > 0
+            _drop_unneeded(c)
+            return found
 
         return bool(await self._db().run(remove))
 
@@ -130,37 +217,53 @@ def items(value: Any) -> list[dict[str, Any]]:
     return value
 
 
+def stored(item: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """An item as it is stored: only what the model is sent (None for a
+    reasoning item, which is not fed back)."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise BadRequest(f"{where}.role: user, assistant, system or developer",
+                             f"{where}.role")
+        return {"type": "message", "role": role,
+                "content": _content_text(item.get("content"), f"{where}.content")}
+    if kind == "function_call":
+        if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+            raise BadRequest(f"{where}: call_id, name and arguments (strings)", where)
+        return {k: item[k] for k in ("type", "call_id", "name", "arguments")}
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
+            raise BadRequest(f"{where}: call_id and output (strings)", where)
+        return {k: item[k] for k in ("type", "call_id", "output")}
+    if kind == "reasoning":
+        return None
+    raise BadRequest(f"{where}: items of type {kind!r} are not supported (message, "
+                     "function_call, function_call_output and reasoning are)", where)
+
+
 def messages(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A conversation's items as chat messages; consecutive function calls
     become one assistant message's tool calls."""
     out: list[dict[str, Any]] = []
-    for index, item in enumerate(conversation):
-        kind = item.get("type", "message")
-        where = f"input[{index}]"
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise BadRequest(f"{where}.role: user, assistant, system or developer",
-                                 f"{where}.role")
+    for index, raw in enumerate(conversation):
+        item = stored(raw, f"input[{index}]")
+        if item is None:
+            continue
+        if item["type"] == "message":
+            role = item["role"]
             out.append({"role": "system" if role == "developer" else role,
-                        "content": _content_text(item.get("content"), f"{where}.content")})
-        elif kind == "function_call":
-            if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
-                raise BadRequest(f"{where}: call_id, name and arguments (strings)", where)
+                        "content": item["content"]})
+        elif item["type"] == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
                 out[-1]["tool_calls"].append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"),
-                                                                           str):
-                raise BadRequest(f"{where}: call_id and output (strings)", where)
+        else:
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": item["output"]})
-        elif kind != "reasoning":  # the model's own thinking is not fed back
-            raise BadRequest(f"{where}: items of type {kind!r} are not supported", where)
     return out
 
 
@@ -303,6 +406,22 @@ def _stored_items(items_out: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif item["type"] == "function_call":
             kept.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
     return kept
+
+
+def _check_caps(request: dict[str, Any], history: Stored | None,
+                conversation: list[dict[str, Any]], added: list[dict[str, Any]]) -> None:
+    """A 400 where keeping the answer to `request` would take its stored
+    conversation past MAX_CONVERSATION_ITEMS or MAX_CONVERSATION_BYTES."""
+    if len(conversation) > MAX_CONVERSATION_ITEMS:
+        raise BadRequest(f"the stored conversation would hold {len(conversation)} items, over "
+                         f"the cap of {MAX_CONVERSATION_ITEMS} items a conversation: start "
+                         "another, or send store: false", "input", "conversation_too_large")
+    unanswered = response(request, "", 0, "", None, [], None)
+    size = (history.size if history else 0) + len(_json(added)) + len(_json(unanswered))
+    if size > MAX_CONVERSATION_BYTES:
+        raise BadRequest(f"the stored conversation would take {size} bytes, over the cap of "
+                         f"{MAX_CONVERSATION_BYTES} bytes a conversation: start another, or "
+                         "send store: false", "input", "conversation_too_large")
 
 
 class _Stream:
@@ -464,8 +583,10 @@ class Responses:
 
     async def _conversation(self, request: dict[str, Any],
                             owner: str) -> list[dict[str, Any]]:
+        """The conversation to ask: the history of `previous_response_id`
+        and the input, as they are stored (see the module)."""
         previous = request.get("previous_response_id")
-        history: list[dict[str, Any]] = []
+        found = None
         if previous is not None:
             if not isinstance(previous, str):
                 raise BadRequest("previous_response_id: a string", "previous_response_id")
@@ -474,14 +595,22 @@ class Responses:
                 raise BadRequest(f"no stored response {previous!r} (expired, deleted, or "
                                  "made with store: false)", "previous_response_id",
                                  "response_not_found")
-            history = found[0]
-        return [*history, *items(request.get("input"))]
+        added = [kept for index, item in enumerate(items(request.get("input")))
+                 if (kept := stored(item, f"input[{index}]")) is not None]
+        if not added:  # each stored response adds an item: its chain is that short
+            raise BadRequest("input: an item the model is sent (reasoning items are not)",
+                             "input")
+        conversation = [*(found.conversation if found else []), *added]
+        if request.get("store", True) is not False:
+            _check_caps(request, found, conversation, added)
+        return conversation
 
     async def _keep(self, request: dict[str, Any], reply: dict[str, Any],
                     conversation: list[dict[str, Any]], items_out: list[dict[str, Any]],
                     owner: str) -> None:
         if request.get("store", True) is not False:
-            await self.store.put(reply, [*conversation, *_stored_items(items_out)], owner)
+            await self.store.put(reply, [*conversation, *_stored_items(items_out)], owner,
+                                 request.get("previous_response_id"))
 
     async def _stream(self, request: dict[str, Any], conversation: list[dict[str, Any]],
                       chunks: AsyncIterator[bytes], response_id: str, created: int,

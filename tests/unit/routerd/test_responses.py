@@ -4,6 +4,8 @@ and continued by id, streams as Responses events."""
 
 import asyncio
 import json
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -276,4 +278,195 @@ def test_a_stream_skips_what_is_not_a_chunk_and_tags_each_calls_fragments(
                  if e["type"] == "response.function_call_arguments.delta"]
     assert fragments == [(0, "{"), (1, "["), (0, "}"), (1, "]")]
     assert [i["arguments"] for i in events[-1]["response"]["output"]] == ["{}", "[]"]
+    api.store.close()
+
+
+def _size(tmp_path: Path) -> int:
+    """Bytes of the store's files (the database, its WAL and shared memory)."""
+    return sum(path.stat().st_size for path in tmp_path.glob("responses.sqlite*"))
+
+
+def test_only_what_the_model_is_sent_is_stored(tmp_path: Path) -> None:
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+    chat = Chat(_answer({"content": "Hi.", "reasoning_content": "thinking " * 100}))
+    status, made = _post(api, chat, model="m", input=[
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "encrypted_content": "x" * 1000},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "user",
+         "content": [{"type": "input_text", "text": "Hel"},
+                     {"type": "input_text", "text": "lo"}]},
+        {"type": "function_call", "id": "fc_1", "status": "completed", "call_id": "c",
+         "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "id": "fco_1", "call_id": "c", "output": "ok"}])
+    assert status == 200
+    kept = asyncio.run(api.store.get(made["id"]))
+    assert kept is not None and kept.response == made
+    assert kept.conversation == [
+        {"type": "message", "role": "user", "content": "Hello"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"},
+        {"type": "message", "role": "assistant", "content": "Hi."}]
+    api.store.close()
+
+
+def test_a_megabyte_reasoning_item_and_30_turns_keep_the_store_small(
+        tmp_path: Path) -> None:
+    """Each turn stores only its own items, and no reasoning: the old store
+    kept the whole history again each turn (31 MB here)."""
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+    chat = Chat(*[_answer({"content": f"Answer {turn}."}) for turn in range(31)])
+    status, last = _post(api, chat, model="m", input=[
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "r" * (1 << 20)}]},
+        {"role": "user", "content": "Turn 0."}])
+    assert status == 200
+    for turn in range(1, 31):
+        status, last = _post(api, chat, model="m", previous_response_id=last["id"],
+                             input=f"Turn {turn}.")
+        assert status == 200
+    assert chat.asked[-1]["messages"][-3:] == [
+        {"role": "user", "content": "Turn 29."}, {"role": "assistant", "content": "Answer 29."},
+        {"role": "user", "content": "Turn 30."}]
+    api.store.close()  # the WAL copied in
+    assert _size(tmp_path) < 256 * 1024
+    store = responses.Store(tmp_path / "responses.sqlite")
+    kept = asyncio.run(store.get(last["id"]))
+    assert kept is not None and len(kept.conversation) == 62
+    store.close()
+
+
+def test_history_is_stored_once_and_outlives_a_deleted_turn(tmp_path: Path) -> None:
+    """30 turns of 20 kB: stored once, 0.6 MB (stored again each turn,
+    9.3 MB); a deleted or dropped turn's items stay while a later one needs
+    them, and go with the last one that does."""
+    store = responses.Store(tmp_path / "responses.sqlite")
+    text = "w" * 20_000
+
+    async def turns() -> None:
+        conversation: list[dict[str, Any]] = []
+        previous = None
+        for turn in range(30):
+            conversation = [*conversation, {"type": "message", "role": "user",
+                                             "content": f"{turn} {text}"}]
+            await store.put({"id": f"resp_{turn}"}, conversation, previous=previous)
+            previous = f"resp_{turn}"
+
+    asyncio.run(turns())
+    store.close()  # the WAL copied in
+    assert _size(tmp_path) < 1 << 20
+    store = responses.Store(tmp_path / "responses.sqlite")
+    assert asyncio.run(store.delete("resp_10")) is True
+    assert asyncio.run(store.get("resp_10")) is None
+    assert asyncio.run(store.delete("resp_10")) is False
+    kept = asyncio.run(store.get("resp_29"))
+    assert kept is not None
+    assert [item["content"].split()[0] for item in kept.conversation] == \
+        [str(turn) for turn in range(30)]
+    for turn in range(29, -1, -1):
+        asyncio.run(store.delete(f"resp_{turn}"))
+    rows = store._db().sync(lambda c: c.execute("SELECT count(*) FROM responses").fetchone())
+    assert rows == (0,)
+    store.close()
+
+
+def test_a_conversation_over_its_caps_is_refused(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+    chat = Chat(*[_answer({"content": "ok"}) for _ in range(4)])
+    # the default byte cap, 1 MiB: one input over it
+    status, refused = _post(api, chat, model="m", input="x" * (1 << 20))
+    assert status == 400 and refused["error"]["code"] == "conversation_too_large"
+    assert str(1 << 20) in refused["error"]["message"] and chat.asked == []
+    # without storing, nothing is capped
+    assert _post(api, chat, model="m", input="x" * (1 << 20), store=False)[0] == 200
+
+    monkeypatch.setattr(responses, "MAX_CONVERSATION_ITEMS", 5)
+    status, first = _post(api, chat, model="m", input="one")
+    status, second = _post(api, chat, model="m", previous_response_id=first["id"],
+                           input="two")
+    assert status == 200  # 4 items
+    status, refused = _post(api, chat, model="m", previous_response_id=second["id"],
+                            input=[{"role": "user", "content": "three"},
+                                   {"role": "user", "content": "four"}])
+    assert status == 400 and refused["error"]["param"] == "input"
+    assert "cap of 5 items" in refused["error"]["message"]
+    assert len(chat.asked) == 3
+
+    monkeypatch.setattr(responses, "MAX_CONVERSATION_ITEMS", 256)
+    kept = asyncio.run(api.store.get(second["id"]))
+    assert kept is not None
+    monkeypatch.setattr(responses, "MAX_CONVERSATION_BYTES", kept.size + 100)
+    status, refused = _post(api, chat, model="m", previous_response_id=second["id"],
+                            input="y" * 200)
+    assert status == 400 and f"cap of {kept.size + 100} bytes" in refused["error"]["message"]
+    api.store.close()
+
+
+def test_each_owner_keeps_its_newest_responses(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over MAX_PER_OWNER, an owner's oldest go first; others' stay; a kept
+    continuation still reads the history of the dropped."""
+    monkeypatch.setattr(responses, "MAX_PER_OWNER", 3)
+    store = responses.Store(tmp_path / "responses.sqlite")
+
+    async def fill() -> None:
+        await store.put({"id": "other"}, [{"type": "message", "role": "user",
+                                           "content": "b"}], "key:b")
+        conversation: list[dict[str, Any]] = []
+        for index in range(5):
+            conversation = [*conversation, {"type": "message", "role": "user",
+                                            "content": str(index)}]
+            await store.put({"id": f"resp_{index}"}, conversation, "key:a",
+                            f"resp_{index - 1}" if index else None)
+            await asyncio.sleep(0.002)  # distinct creation times
+
+    asyncio.run(fill())
+    assert [asyncio.run(store.get(f"resp_{index}", "key:a")) is not None
+            for index in range(5)] == [False, False, True, True, True]
+    assert asyncio.run(store.get("other", "key:b")) is not None
+    kept = asyncio.run(store.get("resp_4", "key:a"))
+    assert kept is not None and [item["content"] for item in kept.conversation] == \
+        ["0", "1", "2", "3", "4"]
+    store.close()
+
+
+def test_an_unknown_item_type_is_refused_by_name(tmp_path: Path) -> None:
+    api = responses.Responses(responses.Store(tmp_path / "responses.sqlite"))
+    chat = Chat(_answer({"content": "ok"}))
+    status, refused = _post(api, chat, model="m", input=[
+        {"role": "user", "content": "hi"}, {"type": "computer_call", "id": "cc_1"}])
+    assert status == 400 and refused["error"]["param"] == "input[1]"
+    assert "'computer_call'" in refused["error"]["message"] and chat.asked == []
+    status, refused = _post(api, chat, model="m", input=[{"type": "reasoning", "summary": []}])
+    assert status == 400 and refused["error"]["param"] == "input" and chat.asked == []
+    api.store.close()
+
+
+def test_responses_stored_before_the_chain_are_read_and_continued(tmp_path: Path) -> None:
+    """A database of the previous schema (a whole conversation a row) is
+    migrated: its rows are roots of their chains."""
+    path = tmp_path / "responses.sqlite"
+    old = sqlite3.connect(path)
+    for script in responses.MIGRATIONS[:2]:
+        for statement in script.split(";"):
+            old.execute(statement)
+    old.execute("PRAGMA user_version = 2")
+    conversation = [{"type": "message", "role": "user", "content": "Hi"},
+                    {"type": "message", "role": "assistant", "content": "Hello."}]
+    old.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?)",
+                ("resp_old", time.time(), json.dumps(conversation),
+                 json.dumps({"id": "resp_old"}), "key:a"))
+    old.commit()
+    old.close()
+    api = responses.Responses(responses.Store(path))
+    chat = Chat(_answer({"content": "Again."}))
+    answer = asyncio.run(api.handle("POST", "/v1/responses", json.dumps(
+        {"model": "m", "previous_response_id": "resp_old", "input": "More"}).encode(),
+        chat, "key:a"))
+    assert answer.status == 200
+    assert chat.asked[0]["messages"] == [{"role": "user", "content": "Hi"},
+                                         {"role": "assistant", "content": "Hello."},
+                                         {"role": "user", "content": "More"}]
+    kept = asyncio.run(api.store.get(json.loads(answer.body)["id"], "key:a"))
+    assert kept is not None and len(kept.conversation) == 4
     api.store.close()
