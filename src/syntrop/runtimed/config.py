@@ -4,7 +4,7 @@
     slots = 4          # concurrent contexts (sessions and streams)
     queue = 8          # requests that may wait for a slot; more get Busy
     n_ctx = 2048       # default context window
-    n_threads = 0      # most threads per context; 0: the cores free (cpu.free_threads)
+    n_threads = 0      # most threads per context; 0: every core of the plane
     layout = "auto"    # auto, instances, threads or batch (layout.py)
     instances = 0      # layout "instances": contexts computing side by
                        # side, n_threads / instances threads each; 0: one per CPU

@@ -34,7 +34,6 @@ AMX weight layout is one of them), which keeps it off the AMX path.
 found and chosen. Nothing here imports llama_cpp except `activate()`.
 """
 
-import contextlib
 import ctypes
 import importlib.util
 import json
@@ -168,37 +167,17 @@ def choose(scores: dict[str, int], amx_works: bool) -> str | None:
     return max(usable, key=lambda name: (usable[name], name))
 
 
-def free_threads(cores: int, loadavg: float | None, cpu_some_avg10: float | None) -> int:
-    """Threads for a worker starting now: the cores no one else is using.
-    Busy cores are the larger of the 1-minute load average (runnable tasks)
-    and the share of time tasks waited for a CPU (PSI cpu `some avg10`, a
-    percentage) times the cores; what is left, rounded down, is idle.
-    Never more than `cores`, at least 1. None: not known (counted as 0)."""
-    cores = max(1, cores)
-    busy = max(loadavg or 0.0, (cpu_some_avg10 or 0.0) / 100 * cores)
-    # A tenth of a core of slack: a load of 0.98 on 2 cores leaves 1 idle.
-    return max(1, min(cores, int(cores - busy + 0.1)))
-
-
-def _psi_some_avg10(text: str) -> float | None:
-    match = re.search(r"^some\b.*\bavg10=([0-9.]+)", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def threads_now(proc: Path = Path("/proc")) -> int:
-    """free_threads() for this process's CPUs, from /proc/loadavg and
-    /proc/pressure/cpu (either may be missing)."""
+def plane_threads() -> int:
+    """Threads for a context: every CPU this process may run on (its
+    affinity, i.e. the plane's cores as the worker's cgroup and pinning
+    give them). Never a load average: a worker lives long, and a count
+    frozen by a busy minute at its start halved every prompt it served
+    after. Concurrent generations share these cores through the slot
+    layout (layout.Pace), step by step."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    load: float | None = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        load = float((proc / "loadavg").read_text().split()[0])
-    some: float | None = None
-    with contextlib.suppress(OSError):
-        some = _psi_some_avg10((proc / "pressure" / "cpu").read_text())
-    return free_threads(cores, load, some)
+        return max(1, os.cpu_count() or 1)
 
 
 def decide(lib: Path | None, cpuinfo: str, probed: dict[str, Any] | None) -> Choice:

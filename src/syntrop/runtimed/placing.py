@@ -7,10 +7,10 @@ inferenced's (GetTopology: id and kind), each GPU's NUMA node and PCI path
 read here from sysfs as inferenced's own scan reads them, and each NUMA
 node's CPUs from its cpulist.
 
-Threads: a context takes the cores free when it is made (cpu.threads_now:
-the cores less the load average and CPU pressure), which follows the host's
-load where a fixed count from the plane would oversubscribe a busy host; the
-placement caps it only where it pins. Pinning happens only where the
+Threads: a context takes every core of its plane (cpu.plane_threads: the
+CPUs the worker may run on), and the slot layout shares them between
+concurrent generations step by step; the placement caps it only where it
+pins. Pinning happens only where the
 placement's cores come from a NUMA node (a GPU's, or a CPU plane that names
 one), and the cap is then the pinned cores' count, so no context runs more
 threads than the cores it is pinned to. A model without a lease (inferenced
@@ -95,7 +95,7 @@ def applied(placed: pl.Placement, grant: pl.Grant, planes: Sequence[pl.PlaneView
     kwargs = placed.llama_kwargs()
     split = kwargs.get("tensor_split")
     threads = (f"pinned to the {len(pinned)} cores of NUMA node {near.numa_node}, threads "
-               "as free there" if pinned else "not pinned, threads as free (cpu.threads_now)")
+               "there" if pinned else "not pinned, threads: the plane's cores (cpu.plane_threads)")
     head, _, tail = placed.why.rpartition("; ")
     devices = (head or placed.why) + (" (sizes estimated)" if tail.endswith("estimated)")
                                       else "")
@@ -107,8 +107,9 @@ def applied(placed: pl.Placement, grant: pl.Grant, planes: Sequence[pl.PlaneView
 
 
 def on_cpu(why: str) -> Placed:
-    """The CPU, unpinned, threads as free: a model without a usable lease."""
-    return Placed(why=f"{why}: on the CPU, not pinned, threads as free (cpu.threads_now)")
+    """The CPU, unpinned, every core: a model without a usable lease."""
+    return Placed(why=f"{why}: on the CPU, not pinned, threads: the plane's cores "
+                      "(cpu.plane_threads)")
 
 
 def for_lease(grant: pl.Grant | None, metadata: Mapping[str, Any], size: int, *, n_ctx: int,

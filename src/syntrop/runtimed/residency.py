@@ -374,12 +374,13 @@ class Residency:
         choice = await self._engine()
         cell = self._cells.pop(0)
         Board.clear(self._board, cell)
-        from syntrop.runtimed.cpu import threads_now
+        from syntrop.runtimed.cpu import plane_threads
 
-        # Threads by the CPU free now (cpu.free_threads), at most n_threads.
-        free = threads_now()
+        # Every core of the plane unless n_threads says fewer; the layout
+        # shares them between concurrent generations step by step.
+        cores = plane_threads()
         settings = {"layout": self.config.layout, "slots": slots,
-                    "cpus": min(self.config.n_threads, free) if self.config.n_threads else free,
+                    "cpus": min(self.config.n_threads, cores) if self.config.n_threads else cores,
                     "instances": self.config.instances,
                     # The triage lane outweighs every other worker for the CPU.
                     "nice": 0 if lane_of(name)[1] else OTHERS_NICE}

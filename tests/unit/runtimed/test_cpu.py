@@ -103,32 +103,15 @@ def test_the_real_probe_comes_back_whole_even_when_amx_faults() -> None:
         assert choice.scores[choice.variant] > 0
 
 
-@pytest.mark.parametrize(("cores", "load", "some", "threads"), [
-    (8, 0.0, 0.0, 8),        # idle: every core
-    (8, 3.2, 0.0, 4),        # 3.2 cores busy: 4 idle
-    (8, 0.5, 50.0, 4),       # tasks waited half the time: half the cores
-    (8, 2.0, 90.0, 1),       # the larger of the two wins
-    (2, 0.95, None, 1),      # a tenth of a core of slack
-    (2, 7.0, 100.0, 1),      # overloaded: still 1
-    (4, None, None, 4),      # nothing known: every core
-    (0, None, None, 1),      # never 0
-])
-def test_free_threads(cores: int, load: float | None, some: float | None, threads: int) -> None:
-    assert cpu.free_threads(cores, load, some) == threads
+def test_plane_threads_are_every_cpu_of_this_process_whatever_the_load() -> None:
+    """A worker takes the CPUs it may run on, not the ones a load average
+    calls idle at its start (a frozen 1 thread halved every prompt)."""
+    import os
 
-
-def test_threads_now_reads_load_and_pressure(tmp_path: Path) -> None:
-    """From the files: never more than this process's CPUs, at least 1;
-    missing files count as idle."""
-    cores = len(__import__("os").sched_getaffinity(0))
-    assert cpu.threads_now(tmp_path) == cores
-    (tmp_path / "loadavg").write_text(f"{cores + 3}.00 1.00 1.00 2/300 1234\n")
-    assert cpu.threads_now(tmp_path) == 1
-    (tmp_path / "loadavg").write_text("0.00 0.00 0.00 1/300 1234\n")
-    (tmp_path / "pressure").mkdir()
-    (tmp_path / "pressure" / "cpu").write_text(
-        "some avg10=100.00 avg60=50.00 avg300=10.00 total=1\n"
-        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    assert cpu.threads_now(tmp_path) == 1
-    (tmp_path / "pressure" / "cpu").write_text("some avg10=0.00 avg60=0.00 avg300=0 total=1\n")
-    assert cpu.threads_now(tmp_path) == cores
+    assert cpu.plane_threads() == len(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(mine)})
+        assert cpu.plane_threads() == 1
+    finally:
+        os.sched_setaffinity(0, mine)

@@ -1,6 +1,6 @@
 """The placement a worker is sent and the Llama kwargs it then loads with
 (placing.py, protocol.Placed, worker/engine.llama_kwargs), on the fake
-sysfs trees of the placement tests: a CPU-only host (threads as free, no
+sysfs trees of the placement tests: a CPU-only host (the plane's cores, no
 pinning), a CPU plane on a NUMA node (pinned, threads capped), two GPUs
 (layer split over both), and the fallbacks (unleased, a lease placement
 cannot use)."""
@@ -42,11 +42,11 @@ def test_a_cpu_lease_on_a_cpu_only_host_takes_the_free_cores_unpinned(tmp_path: 
     placed = placing.for_lease(Grant.single("cpu", 8 * GiB), SMOLLM2, SMOLLM2_SIZE, n_ctx=2048,
                                slots=4, planes=scan(root).planes, root=root)
     # inferenced's CPU plane names no NUMA node: no pinning and no cap, the
-    # threads are the cores free when a context loads.
+    # threads are the plane's cores (cpu.plane_threads).
     assert (placed.n_gpu_layers, placed.split_mode, placed.tensor_split) == (0, 0, None)
     assert (placed.n_threads, placed.cpu_affinity) == (0, None)
     assert placed.why == ("CPU lease on cpu: all 30 layers on the host; "
-                          "not pinned, threads as free (cpu.threads_now)")
+                          "not pinned, threads: the plane's cores (cpu.plane_threads)")
     assert llama_kwargs(7, OPTIONS, sent(placed), free=5) == {
         **CONTEXT, "n_gpu_layers": 0, "split_mode": 0, "main_gpu": 0,
         "n_threads": 5, "n_threads_batch": 5}
@@ -96,8 +96,8 @@ def test_a_two_gpu_lease_gives_the_worker_a_layer_split(tmp_path: Path) -> None:
 def test_without_a_usable_lease_the_model_runs_on_the_cpu_unpinned(tmp_path: Path) -> None:
     root = with_cpus(fakesysfs.build(tmp_path, [], numa=["10"]), {0: "0-3"}, 4)
     unleased = placing.for_lease(None, SMOLLM2, SMOLLM2_SIZE, n_ctx=2048, slots=4, planes=[])
-    assert unleased == Placed(why="unleased: on the CPU, not pinned, threads as free "
-                                  "(cpu.threads_now)")
+    assert unleased == Placed(why="unleased: on the CPU, not pinned, threads: the plane's "
+                                  "cores (cpu.plane_threads)")
     # A lease on a plane the host does not show, or a header without layers.
     for grant, metadata in ((Grant.single("drm-renderD200", GiB), SMOLLM2),
                             (Grant.single("cpu", GiB), {})):

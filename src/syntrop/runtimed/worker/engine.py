@@ -171,8 +171,8 @@ def llama_kwargs(fd: int, options: Options, placed: Placed, *, free: int,
     """llama_cpp.Llama's keyword arguments for a context of `options` on
     the model behind `fd`, where `placed` puts it: its device settings (a
     context asking for fewer GPU layers gets fewer, never more), and
-    threads: the context's own count, else `free` (the cores free now,
-    cpu.threads_now), at most the placement's."""
+    threads: the context's own count, else `free` (the plane's cores,
+    cpu.plane_threads), at most the placement's."""
     n_gpu_layers = placed.n_gpu_layers
     if options.n_gpu_layers:
         n_gpu_layers = min(n_gpu_layers, options.n_gpu_layers)
@@ -215,16 +215,16 @@ class Engine:
     def load(cls, fd: int, options: Options, *, vocab_only: bool = False,
              placed: Placed | None = None) -> "Engine":
         """Load the model behind `fd` (kept open by the caller) where
-        `placed` says (None: the CPU, threads as free); with `vocab_only`,
+        `placed` says (None: the CPU, every core); with `vocab_only`,
         its vocabulary and metadata only: a context that tokenizes and
         renders chats, and cannot decode."""
         from llama_cpp import Llama
 
-        from syntrop.runtimed.cpu import ready, threads_now
+        from syntrop.runtimed.cpu import plane_threads, ready
 
         ready()
         kwargs = llama_kwargs(fd, options, placed or Placed(),
-                              free=0 if options.n_threads else threads_now(),
+                              free=0 if options.n_threads else plane_threads(),
                               vocab_only=vocab_only)
         try:
             llama = Llama(**kwargs)

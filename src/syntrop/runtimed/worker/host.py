@@ -185,9 +185,9 @@ class Host:
             self.n_threads = min(self.n_threads, placed.n_threads)
             self.pace.cpus = min(self.pace.cpus, placed.n_threads)
         self.model = Pool.open(name, fd, placed)
-        from syntrop.runtimed.cpu import threads_now
+        from syntrop.runtimed.cpu import plane_threads
 
-        kwargs = placed.llama_kwargs(threads_now())
+        kwargs = placed.llama_kwargs(plane_threads())
         return {"placement": {**placed.to_wire(), "n_threads": kwargs["n_threads"]}}
 
     def load_draft(self, name: str, fd: int) -> dict[str, Any]:
