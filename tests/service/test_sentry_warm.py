@@ -75,6 +75,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def sentry(root: Path, log: int) -> Any:
     (root / "config" / "sentry.toml").write_text(
+        # SmolLM2 is never chosen unless named (phases.choose_model): named
+        # here, as the small model these tests can afford.
+        'model = "smollm2"\n'
         "[budgets]\ndecide = 60000\ndecide_ready = 120000\n[breaker]\ncap = 100\n"
         "base_sec = 0\n")
     return activated("systemd-sentry", root, stderr=log,

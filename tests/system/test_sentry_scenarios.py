@@ -48,8 +48,9 @@ DENY = ", ".join(json.dumps(d) for d in (*DEFAULT_DENY, "sc-deny-*"))
 RESULTS: list[tuple[str, str, str, str, str]] = []
 
 
-def config(decide_ms: int) -> str:
-    return (f'ignore = ["cmp-*"]\n[budgets]\ndecide = {decide_ms}\n'
+def config(decide_ms: int, model: str | None = None) -> str:
+    named = f'model = "{model}"\n' if model else ""
+    return (f'ignore = ["cmp-*"]\n{named}[budgets]\ndecide = {decide_ms}\n'
             "[breaker]\ncap = 2\nbase_sec = 1\nmax_sec = 1\n")
 
 
@@ -57,10 +58,12 @@ def call(instance: Instance, method: str, interface: str = SENTRY, **params: Any
     return instance.call(interface, method, **params)
 
 
-def restart_sentry(instance: Instance, decide_ms: int, *, warm: bool = False) -> None:
-    """Sentry with this decide budget; `warm`: once its triage session is
-    ready (SmolLM2 stored), so an incident meets the model, not its load."""
-    instance.write("/etc/syntrop/sentry.toml", config(decide_ms))
+def restart_sentry(instance: Instance, decide_ms: int, *, warm: bool = False,
+                   model: str | None = None) -> None:
+    """Sentry with this decide budget (and `model` named in sentry.toml);
+    `warm`: once its triage session is ready, so an incident meets the
+    model, not its load."""
+    instance.write("/etc/syntrop/sentry.toml", config(decide_ms, model))
     instance.systemctl("restart", "systemd-sentry.service")
     instance.wait_for_unit("systemd-sentry.service", ActiveState="active")
     status = call(instance, "GetStatus")
@@ -376,7 +379,8 @@ def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
     warm = sentry.run(["syn", "run", "smollm2", "Say OK.", "--max-tokens", "2"], timeout=300,
                       check=False)
     assert warm.returncode == 0, warm.stderr + sentry.journal("runtimed.service", 20)
-    restart_sentry(sentry, 20, warm=True)  # far below what SmolLM2 needs on any CPU
+    # Named: never chosen otherwise. 20 ms: far below what it needs on any CPU.
+    restart_sentry(sentry, 20, warm=True, model="smollm2")
     try:
         unit = "model-late.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)
@@ -399,11 +403,17 @@ def test_model_timeout_falls_back_and_still_heals(sentry: Instance) -> None:
 def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
     """The triage model (Qwen2.5-Coder-0.5B, which sentry asks whenever
     modeld has it) decides, given the time it needs on this CPU; its choice
-    is executed and the unit healed."""
+    is executed and the unit healed. SmolLM2 is in modeld too (stored by
+    the test before): sentry chooses the triage model regardless. A unit
+    then left failed (an account that does not exist) makes one episode:
+    at most 2 incidents in 2 minutes."""
     pull_into_modeld(sentry, triage_model(), QWEN_CODER_05B.name)
     restart_sentry(sentry, 20_000, warm=True)
-    assert QWEN_CODER_05B.name in call(sentry, "GetStatus")["triage_session"]
+    status = call(sentry, "GetStatus")
+    assert QWEN_CODER_05B.name in status["triage_session"]
+    assert status["triage_model"] == QWEN_CODER_05B.name, status
     try:
+        left_failed_for_two_minutes_is_one_episode(sentry)
         unit = "model-decides.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)
         decide = phase(incident, "decide")
@@ -421,6 +431,27 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
     finally:
         sentry.run(["syn", "rm", QWEN_CODER_05B.name], check=False)
         restart_sentry(sentry, 1800)
+
+
+def left_failed_for_two_minutes_is_one_episode(sentry: Instance) -> None:
+    """A unit whose User= names no account (217/USER) stays failed whatever
+    sentry does: leaving it, or a restart that does not hold, ends its
+    triage; nothing changes, so it is not triaged again (a review saw 100
+    incidents in 75 s)."""
+    unit = "episode-nouser.service"
+    install(sentry, unit, "User=syntrop-no-such-account\nExecStart=/bin/sleep infinity\n")
+    sentry.systemctl("start", unit, check=False)
+    first = finished(sentry, unit)
+    time.sleep(120)
+    incidents = call(sentry, "ListIncidents", unit=unit)["incidents"]
+    assert 1 <= len(incidents) <= 2, [(i["trigger"], i["result"]) for i in incidents]
+    sentry.wait_for_unit(unit, ActiveState="failed")
+    RESULTS.append(("unit left failed 2 minutes", "sentry", "no (nothing can)",
+                    f"{len(incidents)} incidents", first[0]["result"]))
+    sentry.systemctl("stop", unit, check=False)
+    sentry.run(["rm", "-f", f"/etc/systemd/system/{unit}"])
+    sentry.systemctl("daemon-reload")
+    sentry.systemctl("reset-failed", unit, check=False)
 
 
 # --- plain Restart=on-failure on the same scenarios --------------------------------

@@ -89,7 +89,9 @@ class Incident:
         unit: The failed unit.
         detected_usec: When the failure signal arrived.
         trigger: job_failed, job_timeout, job_dependency, state_failed, manual,
-            backoff_retry (a unit still failed when its backoff ran out),
+            changed (a unit still failed after its triage was started again
+            or contextd recorded a change for it), episode_window (still
+            failed when the breaker's window since its episode began ran out),
             dependency_of (a unit waits for this one) or dependency_healed
             (the dependency it waited for is healed: its start is retried).
         decision: The plan's first step as a Tool1.Execute call, JSON; null
@@ -130,7 +132,8 @@ class Breaker:
     Fields:
         unit: The unit.
         state: closed, open or needs_human.
-        attempts: Remediation attempts in the current window.
+        attempts: Triages in the current window (leaving a unit alone
+            counts too).
         open_until_usec: When an open breaker lets the next attempt through.
     """
 
@@ -140,6 +143,26 @@ class Breaker:
     open_until_usec: int | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Episode:
+    """A unit that stayed failed after its triage: sentry does not triage
+    it again until something changes.
+
+    Fields:
+        unit: The unit.
+        since_usec: When the failure that began the episode was seen.
+        triages: Incidents of this episode so far.
+        results: Each incident's result, oldest first.
+        waiting_for: What would triage it again, in words.
+    """
+
+    unit: str
+    since_usec: int
+    triages: int
+    results: list[str]
+    waiting_for: str
+
+
 class StatusResult(TypedDict):
     state: str
     subscribed: bool
@@ -147,6 +170,8 @@ class StatusResult(TypedDict):
     incidents_total: int
     breakers: list[Breaker]
     triage_session: str | None
+    episodes: list[Episode]
+    triage_model: str | None
 
 
 class IncidentNotFound(TypedVarlinkErrorReply, interface=NAME):
@@ -220,6 +245,10 @@ class Sentry1(Interface, name=NAME):
                 prefix tokens resident", "opening" or "failed: why"; null
                 when sentry asks the model without one (warm_session =
                 false).
+            episodes: Units left failed after their triage, each waiting
+                for a change before it is triaged again.
+            triage_model: The model that decides now (chosen from what
+                modeld holds), or null: no triage model, the rules decide.
         """
 
     @method(return_parameter="incidents")

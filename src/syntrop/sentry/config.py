@@ -8,9 +8,10 @@
     verify_sec = 5                # a healed unit stays active at least this long (and
                                   # longer than it lived before failing), at most verify_max_sec
     verify_max_sec = 12
-    model = "smollm2"             # the triage model's name in modeld; default:
-                                  # qwen2.5-coder-0.5b where modeld has it, else the
-                                  # first pinned model there, else smollm2
+    model = "qwen2.5-coder-0.5b"  # the triage model's name in modeld; default: chosen
+                                  # at each incident from what modeld holds now:
+                                  # qwen2.5-coder-0.5b, else -1.5b, else none (the
+                                  # rules decide); smollm2 only when named here
     queue = 64                    # failure signals waiting for triage; more are dropped
     sysfs_root = "/"              # where gang triage finds /sys (PCI addresses of planes)
     warm_session = true           # keep a runtimed session with the prompt's stable part
@@ -21,7 +22,7 @@
     gang = 1000
     lease = 1000
     decide = 1800                 # from when the incident's turn is handed to the model
-    decide_ready = 5000           # waiting for the warm session (being opened) before that
+    decide_ready = 20000          # waiting for the warm session (being opened) before that
     execute = 30000
     verify = 15000
     release = 500

@@ -7,24 +7,41 @@ Daemons never import each other: only the contracts in syntrop.interfaces.
 
 import asyncio
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from syntrop.packaged import QWEN_CODER_05B
+from syntrop.packaged import QWEN_CODER_05B, SMOLLM2
 from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import KNOWN_TOOLS, Executed, Facts, Phases, StepRecord
-from syntrop.sentry.warm import WarmSession
+from syntrop.sentry.warm import NoTriageModel, WarmSession
 from syntrop.system.systemd import Systemd
 
 if TYPE_CHECKING:
     from syntrop.interfaces.runtime import Sampling
 
+logger = logging.getLogger(__name__)
+
 CALL_TIMEOUT = 45.0
-#: The triage model when sentry.toml names none: the most right answers
-#: within decide's budget on the labelled set (docs/BENCHMARKS.md).
-TRIAGE_MODEL = QWEN_CODER_05B.name
+#: The triage models, best first, when sentry.toml names none: the most
+#: right answers within decide's budget on the labelled set
+#: (docs/BENCHMARKS.md). Chosen from what modeld holds at each incident.
+TRIAGE_MODELS = (QWEN_CODER_05B.name, "qwen2.5-coder-1.5b")
+#: Models known to be unfit for triage: never chosen unless configured
+#: (SmolLM2-135M answers "nothing" to every failure under this prompt).
+UNFIT = (SMOLLM2.name,)
+
+
+def choose_model(configured: str | None, held: "list[str] | tuple[str, ...]") -> str | None:
+    """The model to ask now: the configured one, else the best triage model
+    modeld holds (`held`: its names), else None (the rules decide). A model
+    known to be unfit (UNFIT) is never chosen unless configured."""
+    if configured:
+        return configured
+    have = {name.removesuffix(":latest") for name in held}
+    return next((name for name in TRIAGE_MODELS if name in have and name not in UNFIT), None)
 #: How often verify looks at the unit during its hold.
 VERIFY_POLL = 0.25
 SECOND = 1_000_000
@@ -36,14 +53,15 @@ LEASE_BYTES = 64 * 1024 * 1024
 class Live:
     """The phases bound to this host. `systemd` is None without a bus."""
 
-    def __init__(self, *, systemd: Systemd | None, model: str, model_pinned: bool = False,
+    def __init__(self, *, systemd: Systemd | None, model: str | None,
                  window_usec: int | None = None, sysfs_root: Path = Path("/"),
                  warm: bool = True) -> None:
         self.systemd = systemd
-        #: The triage model; with `model_pinned`, the first model pinned in
-        #: modeld when there is one, else `model`.
+        #: The configured triage model; None: chosen at each incident from
+        #: what modeld holds (choose_model).
         self.model = model
-        self.model_pinned = model_pinned
+        #: The model the last look chose ("" before any; None: none).
+        self.chosen: str | None = ""
         self.window_usec = window_usec
         self.sysfs_root = sysfs_root
         #: The answer being decoded: text, tokens, when the model was asked.
@@ -73,7 +91,11 @@ class Live:
         if it is gone; what it holds, in words."""
         assert self.warm is not None
         try:
+            model, _ = await self._model()  # what modeld holds now decides
+            await self.warm.follow(model)
             opened, reused, prefilled = await self.warm.ensure()
+        except NoTriageModel as error:
+            raise RuntimeError(str(error)) from None
         except Exception as error:
             raise RuntimeError(f"no triage session: {type(error).__name__}: {error}") from None
         return (f"session of {opened.model}: {reused} prefix tokens reused, "
@@ -325,31 +347,48 @@ class Live:
         return text, tokens
 
     async def triage_model(self) -> str:
-        """The model to ask: the configured one, or the first pinned in
-        modeld (its List), else the default."""
+        """The model to ask now (choose_model over modeld's List)."""
         return (await self._model())[0]
 
     async def _model(self) -> tuple[str, str]:
-        """The triage model (triage_model) and its weights' digest as modeld
-        lists it ("" when not known)."""
+        """The triage model (choose_model over what modeld holds now) and
+        its weights' digest as modeld lists it ("" when not known). Raises
+        NoTriageModel when there is none."""
         from syntrop.interfaces.model import Model, Model1
         from syntrop.varlink.client import connect
 
         try:
             async with await connect(Model1, timeout=CALL_TIMEOUT) as modeld:
                 models = (await modeld.List())["models"]
-        except Exception:  # modeld unreachable: the default, and runtimed says the rest
+        except Exception as error:  # modeld unreachable: only a configured model
+            if self.model is None:
+                self.chosen = None
+                raise NoTriageModel(f"no triage model: modeld not reached ({error})") from None
+            self.chosen = self.model
             return self.model, ""
 
         def name(m: Model) -> str:
             return m.name + ("" if m.tag == "latest" else f":{m.tag}")
 
         digests = {name(m): m.digest for m in models}
-        pinned = sorted(name(m) for m in models if m.pinned)
-        chosen = self.model
-        if self.model_pinned:  # none configured: the triage model, else the first pinned
-            chosen = TRIAGE_MODEL if TRIAGE_MODEL in digests else (pinned or [chosen])[0]
+        chosen = choose_model(self.model, list(digests))
+        if chosen != self.chosen:
+            logger.info("triage model: %s", chosen or "none (the rules decide)")
+        self.chosen = chosen
+        if chosen is None:
+            raise NoTriageModel("no triage model in modeld (qwen2.5-coder-0.5b or -1.5b; "
+                                "sentry.toml's model names another): the rules decide")
         return chosen, digests.get(chosen, digests.get(chosen.removesuffix(":latest"), ""))
+
+    async def changed(self, unit: str, since_usec: int) -> bool:
+        """Whether `unit` was started, or contextd recorded a change that
+        applies to it, after `since_usec`: what reopens an episode."""
+        if self.systemd is not None:
+            props = await self.systemd.unit_properties(unit)
+            if int(props.get("InactiveExitTimestamp", 0) or 0) > since_usec:
+                return True
+        changes, _, _ = await self._timeline(unit, time.time_ns() // 1_000)
+        return any(c.timestamp_usec > since_usec and c.kind != "kernel" for c in changes)
 
     async def execute(self, unit: str, plan: Plan) -> Executed:
         """The plan as one Tool1.ExecutePlan: toold checks it whole, runs

@@ -128,7 +128,7 @@ class Budgets:
     decide_usec: int = 1_800 * MS
     #: How long decide waits for the model to be ready (a session being
     #: opened or reopened) before its own budget starts.
-    decide_ready_usec: int = 5_000 * MS
+    decide_ready_usec: int = 20_000 * MS
     execute_usec: int = 30_000 * MS
     verify_usec: int = 15_000 * MS
     release_usec: int = 500 * MS

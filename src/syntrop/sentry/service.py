@@ -9,6 +9,7 @@ incident records it).
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -19,6 +20,7 @@ from syntrop.interfaces.sentry import (
     Breaker,
     BreakerOpen,
     Cause,
+    Episode,
     Incident,
     IncidentNotFound,
     InvalidUnitName,
@@ -44,8 +46,6 @@ logger = logging.getLogger(__name__)
 BUS_TIMEOUT = 2.0
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
-#: The triage model when sentry.toml names none and modeld pins none.
-MODEL = "smollm2"
 FAILED_RESULTS = {"failed": "job_failed", "timeout": "job_timeout",
                   "dependency": "job_dependency"}
 _UNIT = re.compile(r"[A-Za-z0-9:_.\\@-]+\.(service|socket|target|device|mount|automount|"
@@ -88,14 +88,13 @@ class SentryService(Sentry1):
         #: only the change into failed is a failure.
         self.states: dict[str, str] = {}
         self.clock = wall_clock_usec
-        live = Live(systemd=systemd, model=self.config.model or MODEL,
-                    model_pinned=self.config.model is None,
+        live = Live(systemd=systemd, model=self.config.model,
                     window_usec=self.config.recent_usec, sysfs_root=self.config.sysfs_root,
                     warm=self.config.warm_session)
         self.live = live
         self.supervisor = Supervisor(self.store, live.phases(), self.config, self.clock,
                                      on_change=self._status, still_failed=live.still_failed,
-                                     start_lost=live.start_dependent)
+                                     start_lost=live.start_dependent, changed=live.changed)
         self.supervisor.start()
 
     @classmethod
@@ -180,9 +179,19 @@ class SentryService(Sentry1):
         else:
             status = "watching"
         warm = self.live.warm
+        with contextlib.suppress(Exception):  # NoTriageModel: said below as null
+            await self.live.triage_model()
+        window = self.config.policy.window_usec
+        episodes = [Episode(unit=e.unit, since_usec=e.since_usec, triages=e.triages,
+                            results=list(e.results),
+                            waiting_for=f"a start, a change in contextd, or "
+                                        f"{max(0, e.since_usec + window - now) // 1_000_000} s "
+                                        "(the breaker's window)")
+                    for e in self.supervisor.open_episodes()]
         return StatusResult(state=status, subscribed=self.subscribed, open_incidents=open_,
                             incidents_total=total, breakers=breakers,
-                            triage_session=warm.describe() if warm is not None else None)
+                            triage_session=warm.describe() if warm is not None else None,
+                            episodes=episodes, triage_model=self.live.chosen or None)
 
     @implements
     async def ListIncidents(self, *, limit: int | None = None,

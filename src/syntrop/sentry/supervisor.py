@@ -4,10 +4,16 @@ Design note: signals arrive from the D-Bus callback and must never block
 it, so `offer()` is a put_nowait into a bounded queue (a full queue drops
 the signal and counts it). One consumer task triages one unit at a time, in
 arrival order; a unit already queued or being triaged is not queued twice.
-The breaker is consulted before each triage and charged after it when its
-plan had steps (one attempt per incident, whatever the plan's length; an
-incident that only waits or names a cause out of reach charges nothing),
-persisted with the incident, before anyone can read either. A protected
+The breaker is consulted before each triage and charged after every one,
+whatever it decided (leaving a unit alone is a triage too: a model's call
+and a lease), persisted with the incident, before anyone can read either.
+
+One incident per failure episode: a unit that stays failed after a triage
+that did not heal it (left alone, or a plan that did not hold) is not
+triaged again until something changes — it is started again (a new job
+makes its own signal), contextd records a change for it, or the breaker's
+window since the episode began has passed. The supervisor looks every
+`look_usec` (`changed`, `still_failed`); GetStatus shows the open episodes. A protected
 unit gets an incident that says so and nothing else. A cause out of the
 tools' reach that what was due did not heal marks the unit for a human at
 once. A unit whose start was lost
@@ -19,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from syntrop.sentry import breaker
 from syntrop.sentry.config import Config
@@ -36,12 +42,25 @@ class Signal:
     detected_usec: int
 
 
+@dataclass(slots=True, kw_only=True)
+class Episode:
+    """A unit that stayed failed after its triage: when the episode began,
+    its triages so far, and since when a change would be new."""
+
+    unit: str
+    since_usec: int
+    triages: int = 1
+    last_usec: int = 0
+    results: list[str] = field(default_factory=list)
+
+
 class Supervisor:
     def __init__(self, store: Store, phases: Phases, config: Config,
                  clock: Callable[[], int],
                  on_change: Callable[[], None] | None = None,
                  still_failed: Callable[[str], Awaitable[bool]] | None = None,
-                 start_lost: Callable[[str], Awaitable[bool]] | None = None) -> None:
+                 start_lost: Callable[[str], Awaitable[bool]] | None = None,
+                 changed: Callable[[str, int], Awaitable[bool]] | None = None) -> None:
         self.store = store
         self.phases = phases
         self.config = config
@@ -53,9 +72,15 @@ class Supervisor:
         self.triaging = 0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
-        #: Asked before a backoff retry: is the unit still failed? (None:
-        #: never retry; a unit that stays failed makes no new signal.)
+        #: Asked at each look at an open episode: is the unit still failed?
+        #: (None: no episodes are kept; a unit that stays failed makes no
+        #: new signal.) And has it started, or did contextd record a change
+        #: for it, since a time (None: only the window reopens it)?
         self.still_failed = still_failed
+        self.changed = changed
+        self.episodes: dict[str, Episode] = {}
+        #: How often an open episode is looked at.
+        self.look_usec = max(config.policy.base_usec, 50_000)
         self._retries: dict[str, asyncio.TimerHandle] = {}
         #: Asked once a dependency healed: is the unit still waiting for
         #: the start it lost? Units waiting, by the dependency they wait for.
@@ -127,11 +152,28 @@ class Supervisor:
                               detected_usec=self.clock()))
             return
         if incident.result == "healed":
+            self.episodes.pop(unit, None)
             for dependent in sorted(self.waiting.pop(unit, set())):
                 await self._retry_dependent(dependent)
             return
-        if incident.result not in ("protected", "needs_human"):
-            await self._schedule_retry(unit)
+        if incident.result in ("protected", "needs_human"):
+            self.episodes.pop(unit, None)
+            return
+        self._episode(incident)
+
+    def _episode(self, incident: IncidentRecord) -> None:
+        """Open (or continue) the unit's episode and look at it later."""
+        if self.still_failed is None:
+            return
+        now = self.clock()
+        episode = self.episodes.get(incident.unit)
+        if episode is None:
+            episode = self.episodes[incident.unit] = Episode(
+                unit=incident.unit, since_usec=incident.detected_usec, triages=0)
+        episode.triages += 1
+        episode.last_usec = now
+        episode.results.append(incident.result)
+        self._look_later(incident.unit, self.look_usec)
 
     async def _retry_dependent(self, unit: str) -> None:
         if self.start_lost is None:
@@ -145,34 +187,57 @@ class Supervisor:
             self.offer(Signal(unit=unit, trigger="dependency_healed",
                               detected_usec=self.clock()))
 
-    async def _schedule_retry(self, unit: str) -> None:
-        """CrashLoopBackOff: a unit left failed is tried again when its
-        breaker lets the next attempt through; never once it needs a human."""
-        if self.still_failed is None or unit in self._retries:
+    def _look_later(self, unit: str, delay_usec: int) -> None:
+        if unit in self._retries:
             return
-        now = self.clock()
-        verdict = breaker.check(await self.store.breaker(unit), now, self.config.policy)
-        if verdict.state == "needs_human":
-            return
-        delay = max(verdict.open_until_usec - now, 0) / 1e6
         loop = asyncio.get_running_loop()
-        self._retries[unit] = loop.call_later(delay, self._retry, unit)
+        self._retries[unit] = loop.call_later(delay_usec / 1e6, self._look, unit)
 
-    def _retry(self, unit: str) -> None:
+    def _look(self, unit: str) -> None:
         self._retries.pop(unit, None)
-        task = asyncio.create_task(self._retry_if_failed(unit))
+        task = asyncio.create_task(self._look_at(unit))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
-    async def _retry_if_failed(self, unit: str) -> None:
-        assert self.still_failed is not None
+    async def _look_at(self, unit: str) -> None:
+        """An open episode: over when the unit is no longer failed; triaged
+        again when something changed or the window since it began passed
+        (and the breaker lets an attempt through); else looked at later."""
+        episode = self.episodes.get(unit)
+        if episode is None or self.still_failed is None:
+            return
         try:
             failed = await self.still_failed(unit)
+            changed = failed and self.changed is not None \
+                and await self.changed(unit, episode.last_usec)
         except Exception as error:
-            logger.info("cannot tell whether %s is still failed (%s), ignoring", unit, error)
+            logger.info("cannot look at %s (%s), looking again later", unit, error)
+            self._look_later(unit, self.look_usec)
             return
-        if failed:
-            self.offer(Signal(unit=unit, trigger="backoff_retry", detected_usec=self.clock()))
+        if not failed:
+            self.episodes.pop(unit, None)
+            return
+        now = self.clock()
+        policy = self.config.policy
+        window = now - episode.since_usec >= policy.window_usec
+        if changed or window:
+            verdict = breaker.check(await self.store.breaker(unit), now, policy)
+            if verdict.state == "needs_human":
+                self.episodes.pop(unit, None)
+                return
+            if verdict.allowed:
+                if window:
+                    episode.since_usec = now
+                self.offer(Signal(unit=unit, trigger="changed" if changed else "episode_window",
+                                  detected_usec=now))
+                return
+            self._look_later(unit, max(verdict.open_until_usec - now, self.look_usec))
+            return
+        self._look_later(unit, self.look_usec)
+
+    def open_episodes(self) -> list[Episode]:
+        """Units that stayed failed after their triage, waiting for a change."""
+        return sorted(self.episodes.values(), key=lambda e: e.since_usec)
 
     async def triage(self, unit: str, trigger: str, detected_usec: int) -> IncidentRecord:
         """Triage one unit now: breaker, pipeline, persistence."""
@@ -218,7 +283,11 @@ class Supervisor:
         if incident.ran_well_usec:
             await self.store.put_ran_well(unit, incident.ran_well_usec)
         await self._remember(unit, incident, now)
-        if incident.plan:  # an attempt was made (one per incident, whatever its length)
+        # Every triage is an attempt, whatever it decided: a decision to
+        # leave a unit alone asked the model too, and must slow down as well.
+        # Only waiting for a failed dependency is not (that one's triage
+        # acts, and its healing retries this unit's start).
+        if incident.result != "waiting":
             state = breaker.record_attempt(state, now, policy)
         if incident.result == "needs_human":
             state = breaker.record_out_of_reach(state)

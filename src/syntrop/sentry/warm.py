@@ -51,6 +51,11 @@ PROFILE = "systemd-sentry triage"
 GONE = ("SessionNotFound", "SessionLost", "StaleOwner", "NoPrefix", "EngineCrashed")
 
 
+class NoTriageModel(RuntimeError):
+    """modeld holds no triage model (and sentry.toml names none): the rules
+    decide until one appears."""
+
+
 def chatml(messages: list[tuple[str, str]], *, answer: bool = False) -> str:
     """(role, content) pairs as ChatML; with `answer`, the assistant's turn
     opened after them (what a chat template's generation prompt writes)."""
@@ -110,6 +115,8 @@ class WarmSession:
         self._lock = asyncio.Lock()
         #: Sessions opened so far (1 at start; more after reopening).
         self.opened = 0
+        #: The model the session being opened, or open, is for.
+        self._for: str | None = None
 
     async def _connect(self) -> "Runtime1Client":
         from syntrop.interfaces.runtime import Runtime1
@@ -142,6 +149,7 @@ class WarmSession:
         from syntrop.system.digest import sha256
 
         model, digest = await self._model()
+        self._for = model
         config = SessionConfig(n_ctx=None, n_batch=None, n_threads=None, n_gpu_layers=None,
                                flash_attn=None, kv_cache_type=None,
                                prompt_format=PROMPT_FORMAT, disable_bos=None)
@@ -170,6 +178,23 @@ class WarmSession:
         logger.info("triage session %s… on %s: %d prefix tokens", session_id[:8], model,
                     opened.prefix_tokens)
         return opened
+
+    async def follow(self, model: str) -> None:
+        """The session for `model`: one opened (or being opened) for another
+        model (modeld's holdings changed) is closed and a new one opened."""
+        async with self._lock:
+            if self._for is None or self._for == model:
+                return
+            old, self._opening, self._for = self._opening, None, None
+            logger.info("triage model is now %s: reopening the session", model)
+            self._reopen()
+        if old is not None:
+            if not old.done():
+                old.cancel()
+            elif not _failed(old):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._close(old.result().session_id),
+                                           CLOSE_TIMEOUT)
 
     def describe(self) -> str:
         """Where the session stands, for Sentry1.GetStatus: "ready: ...",
@@ -263,6 +288,8 @@ class WarmSession:
             while True:
                 opened: Opened | None = None
                 try:
+                    model, _ = await self._model()
+                    await self.follow(model)
                     opened = await self.ready()
                     if runtime is None:
                         runtime = await self._connect()
@@ -277,6 +304,11 @@ class WarmSession:
                         logger.info("triage session %s… gone (%s): reopening",
                                     opened.session_id[:8], error)
                         self._lost(opened)
+                        continue
+                    if isinstance(error, NoTriageModel):
+                        # Looked for at every heartbeat: the session opens
+                        # as soon as the model is pulled.
+                        await asyncio.sleep(HEARTBEAT)
                         continue
                     logger.warning("no triage session (%s); trying again in %.0f s",
                                    error, retry)

@@ -160,3 +160,37 @@ def test_ensure_reuses_the_prefix_and_reopens_a_lost_session() -> None:
 
     assert asyncio.run(main()) == [(100, 0), (100, 0)]
     assert runtime.sessions == ["s1", "s2"]
+
+
+def test_the_session_follows_the_triage_model_modeld_holds_now() -> None:
+    """Opened when only SmolLM2-then-nothing was there, the session moves
+    to the triage model once it is the choice: the old session is closed,
+    and the next answer comes from a session of the new model."""
+    runtime = FakeRuntime()
+    held = ["smollm2"]
+
+    async def model() -> tuple[str, str]:
+        return held[-1], "digest"
+
+    async def main() -> tuple[str, str, str]:
+        session = WarmSession(model, lambda: [("system", "s")])
+
+        async def connect() -> FakeClient:
+            return runtime.client()
+
+        session._connect = connect  # type: ignore[method-assign, assignment]  # a fake Runtime1
+        before = (await session.ready()).model
+        await session.follow("smollm2")  # the same choice: nothing happens
+        held.append("qwen2.5-coder-0.5b")
+        await session.follow("qwen2.5-coder-0.5b")
+        await session.answer("turn", None, None, lambda t, n: None)
+        after = (await session.ready()).model
+        described = session.describe()
+        await session.close()
+        return before, after, described
+
+    before, after, described = asyncio.run(main())
+    assert (before, after) == ("smollm2", "qwen2.5-coder-0.5b")
+    assert described.startswith("ready: qwen2.5-coder-0.5b")
+    assert runtime.sessions == ["s1", "s2"] and runtime.suffixes == ["s2: turn"]
+    assert runtime.closed == ["s1", "s2"]  # the old one at the switch, the new at the stop
