@@ -142,6 +142,15 @@ class RuntimeService(Runtime1):
     def models(self) -> dict[str, Resident]:
         return self.residency.models
 
+    def keep_alive(self) -> bool:
+        """No idle exit while an idle model's keep-alive runs: its sweep
+        unloads the model when that ends, and the next idle check exits.
+        A model only a session holds does not count (sessions never end
+        by themselves), nor does one whose keep-alive is spent."""
+        now = time.monotonic()
+        return any((self.residency.keep_alive_left(resident, now) or 0.0) > 0.0
+                   for resident in self.models.values())
+
     # the engine -----------------------------------------------------------------
 
     async def engine(self) -> "Choice":

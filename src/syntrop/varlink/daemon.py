@@ -91,9 +91,9 @@ async def _serve(
         [service],
         limits=_limits(idle_timeout),
         product=program,
-        # A service with work that outlives connections (leases to watch)
-        # says so through its own keep_alive().
-        keep_alive=keep_alive or getattr(service, "keep_alive", None),
+        # A service with work that outlives connections (leases to watch,
+        # models kept warm) says so through its own keep_alive().
+        keep_alive=_answering(keep_alive or getattr(service, "keep_alive", None)),
     )
     if inherited:
         for sock in inherited.sockets:
@@ -124,6 +124,23 @@ async def _serve(
         closer = getattr(service, "aclose", None)
         if closer is not None:
             await closer()
+
+
+def _answering(keep_alive: Callable[[], bool] | None) -> Callable[[], bool] | None:
+    """`keep_alive`, answering no when it fails: the idle exit it is asked
+    from is re-armed by its answer, so a raise would keep the daemon up
+    until the next connection."""
+    if keep_alive is None:
+        return None
+
+    def answer() -> bool:
+        try:
+            return bool(keep_alive())
+        except Exception:
+            logger.exception("keep_alive failed, exiting on idle")
+            return False
+
+    return answer
 
 
 _Number = TypeVar("_Number", int, float)
