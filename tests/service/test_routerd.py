@@ -226,7 +226,7 @@ def test_errors_are_openai_shaped(router: Router, body: bytes, status: int, code
 
 def test_slow_client_is_cut_off(router: Router) -> None:
     with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                      b"content-length: 100\r\n\r\n{")
         reply = sock.recv(65536)
         assert reply.startswith(b"HTTP/1.1 408"), reply
@@ -241,7 +241,7 @@ def test_unix_ingress(router: Router, tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(5)
         sock.connect(path)
-        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
 
 
@@ -357,7 +357,8 @@ def test_a_runtimed_provider_is_probed_for_real_and_its_crashes_are_in_words(
 
 def test_malformed_http_is_answered_400_and_routerd_lives(router: Router) -> None:
     for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
-                 b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n"):
+                 b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                 b"content-length: -1\r\n\r\n"):
         with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
             sock.sendall(junk)
             assert sock.recv(65536).startswith(b"HTTP/1.1 400"), junk
@@ -382,9 +383,9 @@ def test_http_framing_at_the_edges(router: Router) -> None:
     16 KiB is a 431; Expect: 100-continue is answered before the body is
     sent; an HTTP/1.0 client's stream ends with the connection (no chunks)."""
     chat = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}]}'
-    post = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+    post = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
             b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(chat), chat))
-    got = _exchange(router.port, post + b"GET /health HTTP/1.1\r\nhost: x\r\n"
+    got = _exchange(router.port, post + b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                     b"connection: close\r\n\r\n")
     assert got.count(b"HTTP/1.1 200 OK\r\n") == 2, got
     assert got.index(b'"choices"') < got.index(b'"status": "ok"')
@@ -397,8 +398,9 @@ def test_http_framing_at_the_edges(router: Router) -> None:
         sock.sendall(chat)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
     stream = chat.replace(b'"m1",', b'"s", "stream": true,')
-    old = _exchange(router.port, b"POST /v1/chat/completions HTTP/1.0\r\ncontent-length: "
-                    b"%d\r\n\r\n%s" % (len(stream), stream))
+    old = _exchange(router.port, b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: "
+                    b"application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(stream), stream))
     head, _, body = old.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding" not in head.lower()
     assert body.startswith(b"data: ") and body.endswith(b"data: [DONE]\n\n"), body
@@ -436,7 +438,8 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
 
             def post(headers: dict[str, str]) -> tuple[int, Any, str | None]:
                 connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=10)
-                connection.request("POST", "/v1/chat/completions", body=body, headers=headers)
+                connection.request("POST", "/v1/chat/completions", body=body,
+                                   headers={"content-type": "application/json", **headers})
                 response = connection.getresponse()
                 answer = json.loads(response.read())
                 connection.close()

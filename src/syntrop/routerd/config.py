@@ -99,6 +99,10 @@ class Config:
     #: Origins a browser page may call from (CORS): exact origins such as
     #: "http://localhost:3000", or "*" for any; none by default.
     cors_origins: tuple[str, ...] = ()
+    #: Host header values served over TCP besides the listen addresses,
+    #: localhost, 127.0.0.1 and [::1]: "name" (any port) or "name:port".
+    #: Any other Host is answered 421 (a DNS-rebinding page sends its own).
+    allowed_hosts: tuple[str, ...] = ()
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     default_model: str | None = None
@@ -266,6 +270,11 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
     if not isinstance(routing, dict):
         raise ConfigError(f"{path}: [routing] must be a table")
     where = f"{path}: routing"
+    keys = _api_keys(http, path)
+    if not keys and (beyond := open_without_keys(listen)):
+        raise ConfigError(f"{path}: http.listen {', '.join(beyond)} is beyond loopback: set "
+                          "http.api_keys_file or http.api_keys_credential (or listen on "
+                          "loopback only)")
     return Config(
         deadline=number(routing, "deadline", 30.0, where),
         psi_threshold=min(100.0, number(routing, "psi_threshold", 25.0, where)),
@@ -279,14 +288,42 @@ def parse(data: dict[str, Any], path: str = "routerd.toml") -> Config:
         max_body_bytes=int(number(http, "max_body_bytes", 1 << 20, path)),
         max_connections=max(1, int(number(http, "max_connections", 64, path))),
         cors_origins=_origins(http, path),
+        allowed_hosts=_allowed_hosts(http, path),
         header_timeout=number(http, "header_timeout", 10.0, path),
         body_timeout=number(http, "body_timeout", 30.0, path),
         default_model=default,
         providers=tuple(providers) if "providers" in data else DERIVED,
         derived="providers" not in data,
-        api_keys=_api_keys(http, path),
+        api_keys=keys,
         fleet=_fleet(data, path),
     )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address's host is this machine's loopback only."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve beyond loopback
+        return False
+
+
+def open_without_keys(listen: tuple[str, ...] | list[str]) -> list[str]:
+    """The plain-HTTP TCP addresses beyond loopback: routerd serves these
+    only with API keys (a Unix socket, or loopback, is this machine's)."""
+    return [text for text in listen
+            if not isinstance(where := parse_address(text), str) and not is_loopback(where[0])]
+
+
+def _allowed_hosts(http: dict[str, Any], path: str) -> tuple[str, ...]:
+    """http.allowed_hosts: names ("name" or "name:port"), no scheme or path."""
+    hosts = http.get("allowed_hosts", [])
+    if not isinstance(hosts, list) or not all(
+            isinstance(h, str) and h and not any(c in h for c in "/ @*") for h in hosts):
+        raise ConfigError(f"{path}: http.allowed_hosts must be a list of host names "
+                          '("name" or "name:port")')
+    return tuple(h.lower() for h in hosts)
 
 
 

@@ -8,8 +8,9 @@ import os
 import socket
 from typing import Any
 
+from syntrop.config import ConfigError
 from syntrop.routerd.api import Response, error, unauthorized, unsupported_media
-from syntrop.routerd.config import Config, parse_address
+from syntrop.routerd.config import Config, open_without_keys, parse_address
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.queues import TRIAGE, USER
 from syntrop.routerd.wire import (
@@ -25,24 +26,73 @@ from syntrop.routerd.wire import (
 logger = logging.getLogger(__name__)
 
 READ_SIZE = 65536
-#: Requests with "x-syntrop-traffic: triage" (sentry's) go to the triage queue.
+#: Requests with "x-syntrop-traffic: triage" (sentry's) go to the triage
+#: queue: over the Unix socket only, for any TCP client could send it.
 TRAFFIC_HEADER = b"x-syntrop-traffic"
 #: Requests another node of the fleet forwards carry it (providers/peer.py):
 #: served by this node's own providers, never forwarded again.
 FORWARDED_HEADER = b"x-syntrop-forwarded"
 MAX_HEADER_BYTES = 16384
+#: Host values any TCP request may bear (with any port, or none).
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
-def _marks(request: Request) -> tuple[str, bool]:
+def _marks(request: Request, unix: bool) -> tuple[str, bool]:
     """The request's traffic class (triage or user) and whether another
-    node of the fleet forwarded it."""
+    node of the fleet forwarded it. Triage only over the Unix socket
+    (sentry's path): over TCP the header is ignored."""
     traffic, forwarded = USER, False
     for name, value in request.headers:
-        if name == TRAFFIC_HEADER and value.lower() == b"triage":
+        if name == TRAFFIC_HEADER and unix and value.lower() == b"triage":
             traffic = TRIAGE
         elif name == FORWARDED_HEADER:
             forwarded = True
     return traffic, forwarded
+
+
+def address(sockname: Any, family: int) -> str:
+    """A TCP socket's address as 'host:port' or '[v6]:port'."""
+    host, port = sockname[:2]
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def host_allowed(value: bytes | None, local: frozenset[str],
+                 allowed: tuple[str, ...]) -> bool:
+    """Whether a TCP request's Host names this routerd: one of `local`
+    (the listen addresses as bound, and the connection's own), localhost,
+    127.0.0.1 or [::1] at any port, or an `allowed` name ("name": any
+    port; "name:port": that one). A page that rebinds its own name to
+    loopback sends that name, and is refused."""
+    if value is None:
+        return False
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        name, bracket, port = text.partition("]")
+        name += bracket
+        if port and not port.startswith(":"):
+            return False
+        port = port[1:]
+    else:
+        name, _, port = text.partition(":")
+    if not name or (port and not port.isdigit()):
+        return False
+    return name in LOOPBACK_HOSTS or name in allowed or text in allowed or text in local
+
+
+def misdirected() -> Response:
+    """421 in OpenAI's words, for a Host that is not this routerd's."""
+    return error(421, "the Host header names no address of this routerd: use its listen "
+                 "address or localhost, or add the name to http.allowed_hosts",
+                 "misdirected_request")
+
+
+def unsupported_body(content_type: bytes | None) -> Response | None:
+    """415 for a POST whose body is not declared JSON; none declared is
+    refused too (a browser posts one across sites without asking)."""
+    if content_type is None:
+        return error(415, "the request body must be JSON: send Content-Type: "
+                     "application/json", "unsupported_media_type")
+    return unsupported_media(content_type)
 
 
 class HTTPServer:
@@ -60,7 +110,16 @@ class HTTPServer:
         self.active = False
 
     async def adopt(self, sockets: list[socket.socket]) -> None:
-        """Serve listening sockets passed by systemd (routerd.socket)."""
+        """Serve listening sockets passed by systemd (routerd.socket): a
+        TCP one beyond loopback only with API keys (ConfigError)."""
+        if not self.config.api_keys:
+            beyond = open_without_keys([address(s.getsockname(), s.family) for s in sockets
+                                        if s.family != socket.AF_UNIX])
+            if beyond:
+                raise ConfigError(f"routerd.socket listens on {', '.join(beyond)}, beyond "
+                                  "loopback: set http.api_keys_file or "
+                                  "http.api_keys_credential in routerd.toml (or listen "
+                                  "on loopback only)")
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:
@@ -68,9 +127,7 @@ class HTTPServer:
                 self.addresses.append(f"unix:{sock.getsockname()}")
             else:
                 server = await asyncio.start_server(self._serve, sock=sock)
-                host, port = sock.getsockname()[:2]
-                self.addresses.append(f"[{host}]:{port}" if sock.family == socket.AF_INET6
-                                      else f"{host}:{port}")
+                self.addresses.append(address(sock.getsockname(), sock.family))
             self.servers.append(server)
 
     async def start(self, addresses: tuple[str, ...], tls: object = None) -> None:
@@ -90,10 +147,8 @@ class HTTPServer:
                     server = await asyncio.start_server(
                         self._serve, where[0], where[1], reuse_address=True, **secure)
                     for sock in server.sockets:
-                        host, port = sock.getsockname()[:2]
-                        self.addresses.append(scheme + (
-                            f"[{host}]:{port}" if sock.family == socket.AF_INET6
-                            else f"{host}:{port}"))
+                        self.addresses.append(scheme + address(sock.getsockname(),
+                                                               sock.family))
             except OSError as failure:
                 logger.warning("cannot listen on %s: %s", text, failure.strerror or failure)
                 self.failed.append(f"{text}: {failure.strerror or failure}")
@@ -243,6 +298,44 @@ class HTTPServer:
             return "key:" + str(sha256(presented).hexdigest())[:16]
         return None
 
+    def _local(self, writer: asyncio.StreamWriter) -> frozenset[str] | None:
+        """The Host values a TCP connection's requests may bear besides
+        the loopback and configured names: the listen addresses and the
+        connection's own; None over mutual TLS (a peer's certificate, not
+        its Host, says who it is)."""
+        if writer.get_extra_info("ssl_object") is not None:
+            return None
+        sock = writer.get_extra_info("socket")
+        own = {address(sock.getsockname(), sock.family)} if sock is not None else set()
+        return frozenset(a.removeprefix("https://").lower() for a in (*self.addresses, *own))
+
+    def _admit(self, request: Request, writer: asyncio.StreamWriter,
+               local: frozenset[str] | None, cors: list[tuple[bytes, bytes]]) -> Response | str:
+        """Who the request is (its caller, as _caller says), or the answer
+        it gets before the gateway sees it: 421 for a Host not this
+        routerd's (`local` None: the Unix socket or mutual TLS, unchecked;
+        an HTTP/1.0 request may have none), a preflight's, 401 without a
+        key, 415 for a POST body not declared JSON (undeclared passes only
+        where `local` is None: no browser is there)."""
+        host = request.header(b"host")
+        if local is not None and not (host is None and request.http_1_0) and \
+                not host_allowed(host, local, self.config.allowed_hosts):
+            return misdirected()
+        if request.method == b"OPTIONS" and \
+                request.header(b"access-control-request-method") is not None:
+            # Before the keys: a browser's preflight carries none.
+            return self._preflight(request, cors)
+        caller = self._caller(request, writer) if self.config.api_keys else ""
+        if caller is None:
+            return unauthorized()
+        if request.method == b"POST":
+            content_type = request.header(b"content-type")
+            refused = unsupported_media(content_type) if local is None \
+                else unsupported_body(content_type)
+            if refused is not None:
+                return refused
+        return caller
+
     async def _next_request(self, parser: RequestReader, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> Request | None:
         """The next request; None when the connection ends (the client
@@ -262,6 +355,9 @@ class HTTPServer:
         self.connections += 1
         self.active = True
         parser = RequestReader(MAX_HEADER_BYTES, self.config.max_body_bytes)
+        sock = writer.get_extra_info("socket")
+        unix = sock is not None and sock.family == socket.AF_UNIX
+        local = None if unix else self._local(writer)
         try:
             if self.connections > self.config.max_connections:
                 await self._refuse(parser, reader, writer)
@@ -272,26 +368,11 @@ class HTTPServer:
                     break
                 # HTTP/1.0 is answered once: its keep-alive is not worth having.
                 close = not request.keep_alive or parser.closed or request.http_1_0
-                traffic, forwarded = _marks(request)
+                traffic, forwarded = _marks(request, unix)
                 cors = self._cors(request)
-                if request.method == b"OPTIONS" and \
-                        request.header(b"access-control-request-method") is not None:
-                    # Before the keys: a browser's preflight carries none.
-                    await self._send(writer, self._preflight(request, cors), close, request,
-                                     cors)
-                    if close:
-                        break
-                    continue
-                caller = self._caller(request, writer) if self.config.api_keys else ""
-                if caller is None:
-                    await self._send(writer, unauthorized(), close, request, cors)
-                    if close:
-                        break
-                    continue
-                refused = unsupported_media(request.header(b"content-type")) \
-                    if request.method == b"POST" else None
-                if refused is not None:
-                    await self._send(writer, refused, close, request, cors)
+                caller = self._admit(request, writer, local, cors)
+                if isinstance(caller, Response):
+                    await self._send(writer, caller, close, request, cors)
                     if close:
                         break
                     continue

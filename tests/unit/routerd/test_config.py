@@ -114,3 +114,25 @@ def test_cors_origins() -> None:
     for bad in (["localhost:3000"], ["http://a.example/path"], "http://a.example", [3]):
         with pytest.raises(ConfigError, match="cors_origins"):
             parse({"http": {"cors_origins": bad}})
+
+
+def test_allowed_hosts() -> None:
+    assert parse({}).allowed_hosts == ()
+    hosts = parse({"http": {"allowed_hosts": ["Box.lan", "router.lan:8080"]}}).allowed_hosts
+    assert hosts == ("box.lan", "router.lan:8080")
+    for bad in ("box.lan", ["http://box.lan"], ["a/b"], ["*"], [""], [1]):
+        with pytest.raises(ConfigError, match="allowed_hosts"):
+            parse({"http": {"allowed_hosts": bad}})
+
+
+def test_listening_beyond_loopback_needs_api_keys(tmp_path: Path) -> None:
+    for listen in (["0.0.0.0:32768"], ["[::]:32768"], ["127.0.0.1:0", "10.0.0.7:32768"],
+                   ["router.lan:32768"]):
+        with pytest.raises(ConfigError, match=r"api_keys_file or http\.api_keys_credential"):
+            parse({"http": {"listen": listen}})
+    keys = tmp_path / "keys"
+    keys.write_text("sk-one\n")
+    parse({"http": {"listen": ["0.0.0.0:32768"], "api_keys_file": str(keys)}})
+    # Loopback and Unix sockets are this machine's: no key needed.
+    parse({"http": {"listen": ["127.0.0.1:0", "127.0.0.2:1", "[::1]:0", "localhost:0",
+                               "unix:/run/syntrop/router.sock"]}})
