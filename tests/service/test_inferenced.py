@@ -290,6 +290,82 @@ def test_emergency_freezes_the_victims_cgroup_and_thaws_it(tmp_path: Path) -> No
                     time.sleep(0.05)
 
 
+def test_a_root_process_entering_a_users_leased_cgroup_is_never_frozen() -> None:
+    """nobody leases its own cgroup; a root process enters it afterwards.
+    Freezing that lease is refused, and an EmergencyTriage grant preempts
+    it in the books only: the cgroup stays thawed."""
+    require_nobody_can_run_us()
+    sandbox = _cgroup_sandbox()
+    if sandbox is None:
+        pytest.skip("needs root and a writable cgroup2 mount")
+    victim = sandbox / "victim"
+    victim.mkdir()
+    shared = Path(tempfile.mkdtemp(prefix="syntrop-toctou-"))
+    started: list[subprocess.Popen[str]] = []
+    try:
+        shared.chmod(0o755)
+        with inferenced(shared) as daemon:
+            (shared / "run").chmod(0o755)
+            daemon.socket.chmod(0o666)
+            total = call(daemon, "GetTopology")["total_ram"]
+            client = _nobody_leasing_in(victim, daemon, total * 3 // 4)
+            started.append(client)
+            assert client.stdout is not None
+            lease_id = client.stdout.readline().strip()
+            assert lease_id.startswith("lease-"), client.stderr and client.stderr.read()
+            intruder = subprocess.Popen(["sleep", "60"], text=True)
+            started.append(intruder)
+            (victim / "cgroup.procs").write_text(str(intruder.pid))  # after the grant
+
+            name, _ = error_of(daemon, "Freeze", lease_id=lease_id)
+            assert name == f"{NAME}.NotAuthorized"
+            assert not cgroup.is_frozen(victim)
+            emergency = acquire(daemon, "EmergencyTriage", total // 2, plane="cpu",
+                                pid=os.getpid())
+            states = {lease["id"]: lease["state"] for lease in call(daemon, "ListLeases")["leases"]}
+            assert states == {lease_id: "frozen", emergency["lease_id"]: "active"}
+            assert not cgroup.is_frozen(victim)
+            call(daemon, "ReleaseLease", lease_id=emergency["lease_id"])
+            call(daemon, "Thaw", lease_id=lease_id)
+    finally:
+        with contextlib.suppress(OSError):
+            cgroup.set_frozen(victim, False)
+        for process in started:
+            process.kill()
+            process.communicate()  # and its pipes closed
+        shutil.rmtree(shared)
+        for directory in (victim, sandbox):
+            deadline = time.monotonic() + 5
+            while directory.exists():
+                try:
+                    directory.rmdir()
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+
+
+def _nobody_leasing_in(group: Path, daemon: Activated, memory: int) -> "subprocess.Popen[str]":
+    """A client in cgroup `group` that turns nobody, leases its own process
+    (printing the lease id) and waits for its stdin to close."""
+    script = (
+        "import os, sys, varlink\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        f"c = varlink.Client(address={daemon.address!r})\n"
+        f"i = c.open({NAME!r})\n"
+        f"r = i.AcquireLease(priority='Batch', memory_bytes={memory}, plane='cpu',"
+        " unit=None, pid=None)\n"
+        "print(r['lease_id'], flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+
+    def enter() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=enter)
+
+
 def test_freeze_of_someone_elses_lease_is_permission_denied() -> None:
     require_nobody_can_run_us()
     # pytest's tmp_path is private to root: use a directory nobody can reach.

@@ -41,6 +41,26 @@ class NoSuchProcess(arb.ArbiterError):
     """The pid a lease names is not a running process."""
 
 
+class ForeignProcess(arb.ArbiterError):
+    """A lease's cgroup holds a process of a user other than its owner,
+    who may not freeze it."""
+
+    def __init__(self, lease_id: str, uid: int) -> None:
+        super().__init__(lease_id, uid)
+        self.lease_id, self.uid = lease_id, uid
+
+
+def foreign_uid(owner_uid: int, for_others: bool, found: set[int]) -> int | None:
+    """The uid that forbids freezing a lease's cgroup: one of `found` (the
+    uids of the processes in it now) other than the owner's, unless the
+    owner is root or could name others' processes when granted. None when
+    the cgroup may be frozen. The grant checked the same; a process may
+    have entered the cgroup since, so every freeze asks again."""
+    if for_others or owner_uid == 0:
+        return None
+    return min(found - {owner_uid}, default=None)
+
+
 class Host(Protocol):
     """What lease keeping needs of the machine."""
 
@@ -53,6 +73,9 @@ class Host(Protocol):
     def unit_cgroup(self, unit: str) -> str | None: ...
     def is_frozen(self, group: str) -> bool: ...
     def set_frozen(self, group: str, frozen: bool) -> None: ...
+    def uids_in(self, group: str) -> set[int]:
+        """The uids of the processes in `group` and below it."""
+        ...
     def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Callable[[], None] | None: ...
 
     def close(self) -> None:
@@ -90,6 +113,9 @@ class LinuxHost:
 
     def set_frozen(self, group: str, frozen: bool) -> None:
         cgroup.set_frozen(self._directory(group), frozen, timeout=FREEZE_TIMEOUT)
+
+    def uids_in(self, group: str) -> set[int]:
+        return cgroup.uids_in(self.mount, group) if self.mount is not None else set()
 
     def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Callable[[], None] | None:
         return process.watch_exit(pid, on_exit)
@@ -174,8 +200,21 @@ class Leases:
             return None
         return found
 
+    def _foreign(self, record: LeaseRecord) -> int | None:
+        """A uid in the lease's cgroup that forbids freezing it (`foreign_uid`)."""
+        if record.cgroup is None:
+            return None
+        return foreign_uid(record.lease.owner_uid, record.for_others,
+                           self.host.uids_in(record.cgroup))
+
     def _apply_freeze(self, record: LeaseRecord, frozen: bool) -> None:
         if record.cgroup is None:
+            return
+        if frozen and (uid := self._foreign(record)) is not None:
+            # Preemption goes on for the others; the books keep it frozen.
+            logger.warning("lease %s: cgroup %s holds a process of uid %d, not its owner's "
+                           "(uid %d): not frozen", record.lease.id, record.cgroup, uid,
+                           record.lease.owner_uid)
             return
         # Siblings of a composite lease share a cgroup: freeze it once.
         started = self.clock()
@@ -240,10 +279,13 @@ class Leases:
         group: Group | None = None,
         slices: "list[tuple[str | None, int | None]] | None" = None,
         exclusive: bool = False,
+        for_others: bool = False,
     ) -> tuple[list[arb.Lease], Pending]:
         """Decide a grant and queue its write: the leases, and what `settle`
         must await and apply. `slices`: each lease's (role, stage index) of
-        a composite lease. Raises the arbiter's errors, and NoSuchProcess."""
+        a composite lease. `for_others`: the owner may name other users'
+        processes (`foreign_uid`). Raises the arbiter's errors, and
+        NoSuchProcess."""
         pid_start = self.host.start_time(pid) if pid is not None else None
         if pid is not None and pid_start is None:
             raise NoSuchProcess(pid)
@@ -264,7 +306,7 @@ class Leases:
         for index, lease in enumerate(grant.leases):
             role, stage = slices[index] if slices else (None, None)
             new.append(LeaseRecord(lease=lease, pid_start=pid_start, cgroup=target,
-                                   role=role, stage_index=stage))
+                                   role=role, stage_index=stage, for_others=for_others))
         changed = [replace(self.records[v.id], lease=v) for v in grant.preempted]
         # Memory first, the write queued in decision order; the reply waits
         # for it (`settle`), and a write that fails reloads the truth.
@@ -302,10 +344,13 @@ class Leases:
 
     async def set_frozen(self, lease_id: str, frozen: bool) -> None:
         """Freeze or thaw a lease (and its composite siblings) by request.
-        Raises arb.LeaseUnknown, arb.Exhausted."""
+        Raises arb.LeaseUnknown, arb.Exhausted, and ForeignProcess when its
+        cgroup holds another user's process now (siblings share it)."""
         async with self.lock:
             if lease_id not in self.records:
                 raise arb.LeaseUnknown(lease_id)  # released meanwhile
+            if frozen and (uid := self._foreign(self.records[lease_id])) is not None:
+                raise ForeignProcess(lease_id, uid)
             changed = self.arbiter.set_frozen(lease_id, frozen)
             await self.store.set_states({lease.id: lease.state for lease in changed})
             for lease in changed:

@@ -12,7 +12,11 @@ frozen before the reply returns (the seed allows 250 ms; we wait for the
 kernel's "frozen 1" event, bounded by that). The cgroup of a lease is its
 unit's, else its pid's; the root cgroup and any cgroup containing inferenced
 itself are never frozen. When no cgroup can be frozen the lease is still
-frozen in the books, and the log says why.
+frozen in the books, and the log says why. Nor is a cgroup frozen around a
+process of another user than the lease's owner, unless the owner was root
+or could name others' processes when granted: checked at the grant, and
+again at every freeze (a process may enter the cgroup later); the owner's
+Freeze is then NotAuthorized, preemption leaves that cgroup running.
 """
 
 import asyncio
@@ -28,7 +32,13 @@ from syntrop.config import Paths
 from syntrop.inferenced import arbiter as arb
 from syntrop.inferenced import models, placement
 from syntrop.inferenced.config import Config, load
-from syntrop.inferenced.leases import Leases, LinuxHost, NoSuchProcess, Pending
+from syntrop.inferenced.leases import (
+    ForeignProcess,
+    Leases,
+    LinuxHost,
+    NoSuchProcess,
+    Pending,
+)
 from syntrop.inferenced.pressure import Pressure
 from syntrop.inferenced.store import Group, LeaseRecord, Model, Store
 from syntrop.inferenced.topology import PlaneInfo, Topology, scan
@@ -142,13 +152,16 @@ class InferenceService(Inference1):
 
     # who may claim what ------------------------------------------------------
 
-    async def _check_claims(self, priority: str, unit: str | None, pid: int | None) -> None:
+    async def _check_claims(self, priority: str, unit: str | None, pid: int | None) -> bool:
         """A lease freezes the cgroup it names when preempted: a caller may
         name only itself, its own children, and a service or scope it runs
         in that holds no other user's processes; anything else (a slice, a
         unit around other users) needs lease-others. EmergencyTriage
         preempts everyone and is authorized apart. A unit with no cgroup
-        is refused outright: it would freeze whatever took its name later."""
+        is refused outright: it would freeze whatever took its name later.
+        Whether the caller may name others' processes (root, or granted
+        lease-others): if not, each freeze of the lease checks its cgroup's
+        users again (leases.foreign_uid)."""
         peer = current_peer()
         if priority == "EmergencyTriage" and not self._emergency_unit(peer.pid):
             await authz.authorize(authz.EMERGENCY, NotAuthorized)
@@ -158,12 +171,14 @@ class InferenceService(Inference1):
             if named is None:
                 raise InvalidParameter(parameter="unit")
         if authz.privileged(peer):
-            return
+            return True
         own = pid is None or process.descends_from(pid, peer.pid)
         if own and unit and self.mount is not None and named is not None:
             own = _inside(self.mount, unit, named, peer.pid, peer.uid)
-        if not own:
-            await authz.authorize(authz.LEASE_OTHERS, NotAuthorized)
+        if own:
+            return False
+        await authz.authorize(authz.LEASE_OTHERS, NotAuthorized)
+        return True
 
     def _emergency_unit(self, pid: int) -> bool:
         """Whether `pid` runs in one of the units configured to take
@@ -195,6 +210,7 @@ class InferenceService(Inference1):
         group: Group | None = None,
         slices: list[PlaneSlice] | None = None,
         exclusive: bool = False,
+        for_others: bool = False,
     ) -> tuple[list[arb.Lease], Pending]:
         """Decide a grant (the lock held) and queue its write, in the
         contract's errors; `self.leases.settle` finishes it."""
@@ -205,7 +221,7 @@ class InferenceService(Inference1):
         try:
             return self.leases.grant(
                 requests, priority=priority, owner_uid=peer.uid, leaser_pid=peer.pid,
-                unit=unit, pid=pid, group=group, exclusive=exclusive,
+                unit=unit, pid=pid, group=group, exclusive=exclusive, for_others=for_others,
                 slices=[(s.role, s.stage_index) for s in slices] if slices else None)
         except NoSuchProcess:
             raise InvalidParameter(parameter="pid") from None
@@ -297,14 +313,14 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="memory_bytes")
         if pid is not None and pid <= 0:
             raise InvalidParameter(parameter="pid")
-        await self._check_claims(priority, unit, pid)
+        for_others = await self._check_claims(priority, unit, pid)
         async with self.lock:
             if plane is not None and plane not in self.arbiter.planes:
                 self._rescan()  # a device plugged in since the last scan
             target = plane if plane is not None else self._best_plane(priority, memory_bytes)
             (lease,), pending = self._grant(
                 [(target, memory_bytes)], priority=priority, unit=unit, pid=pid,
-                exclusive=bool(exclusive),
+                exclusive=bool(exclusive), for_others=for_others,
             )
         # Outside the lock: grants decided meanwhile share this commit.
         await self.leases.settle(pending)
@@ -342,7 +358,7 @@ class InferenceService(Inference1):
             raise InvalidParameter(parameter="slices")
         if any(not 0 < s.memory_bytes <= arb.MAX_LEASE_BYTES for s in slices):
             raise InvalidParameter(parameter="slices")
-        await self._check_claims(priority, client_unit, None)
+        for_others = await self._check_claims(priority, client_unit, None)
         named = [s.plane_id for s in slices if s.plane_id]
         if len(set(named)) != len(named):
             raise InvalidParameter(parameter="slices")
@@ -353,6 +369,7 @@ class InferenceService(Inference1):
             leases, pending = self._grant(
                 [(s.plane_id, s.memory_bytes) for s in placed], priority=priority,
                 unit=client_unit, pid=None, group=group, slices=placed,
+                for_others=for_others,
             )
         await self.leases.settle(pending)
         return {
@@ -389,6 +406,13 @@ class InferenceService(Inference1):
             await self.leases.set_frozen(lease_id, frozen)
         except arb.LeaseUnknown:
             raise LeaseNotFound(lease_id=lease_id) from None  # released meanwhile
+        except ForeignProcess as error:
+            # Its owner may not freeze another user's process that entered
+            # the lease's cgroup after the grant (so neither may anyone
+            # through the lease).
+            logger.warning("lease %s: not frozen, its cgroup holds a process of uid %d",
+                           lease_id, error.uid)
+            raise NotAuthorized(action=authz.LEASE_OTHERS) from None
         except arb.Exhausted as error:
             raise ResourceExhaustion(
                 plane=error.plane, requested=error.requested, available=error.available

@@ -65,6 +65,9 @@ MIGRATIONS = (
     DROP TABLE leases;
     ALTER TABLE leases_by_id RENAME TO leases
     """,
+    # Whether the owner could name others' processes when granted (root or
+    # lease-others): only then may its cgroup be frozen around them.
+    "ALTER TABLE leases ADD COLUMN for_others INTEGER NOT NULL DEFAULT 0",
 )
 
 
@@ -78,6 +81,10 @@ class LeaseRecord:
     cgroup: str | None
     role: str | None = None
     stage_index: int | None = None
+    #: The owner could name other users' processes when granted (it was
+    #: root, or lease-others was granted): each freeze checks it again
+    #: otherwise (leases.foreign_uid).
+    for_others: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +102,7 @@ class Model:
     estimated_bytes: int
 
 
-_UPSERT = f"INSERT OR REPLACE INTO leases VALUES ({', '.join('?' * 15)})"
+_UPSERT = f"INSERT OR REPLACE INTO leases VALUES ({', '.join('?' * 16)})"
 
 
 def _row(record: LeaseRecord) -> tuple[object, ...]:
@@ -103,7 +110,7 @@ def _row(record: LeaseRecord) -> tuple[object, ...]:
     return (
         lease.id, lease.plane, lease.memory, lease.priority, lease.state, lease.owner_uid,
         lease.pid, record.pid_start, lease.unit, record.cgroup, lease.group, record.role,
-        record.stage_index, lease.seq, int(lease.exclusive),
+        record.stage_index, lease.seq, int(lease.exclusive), int(record.for_others),
     )
 
 
@@ -125,6 +132,7 @@ class Store:
                         exclusive=bool(r[14]),
                     ),
                     pid_start=r[7], cgroup=r[9], role=r[11], stage_index=r[12],
+                    for_others=bool(r[15]),
                 )
                 for r in c.execute("SELECT * FROM leases ORDER BY seq")
             ]

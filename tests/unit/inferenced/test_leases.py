@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from syntrop.inferenced import arbiter as arb
-from syntrop.inferenced.leases import IDLE_WATCHES, Leases, NoSuchProcess, Pending
+from syntrop.inferenced.leases import (
+    IDLE_WATCHES,
+    ForeignProcess,
+    Leases,
+    NoSuchProcess,
+    Pending,
+    foreign_uid,
+)
 from syntrop.inferenced.store import Store
 
 GiB = 1 << 30
@@ -25,6 +32,7 @@ class FakeHost:
         self.cgroups: dict[int, str] = {LEASER: "/user.slice/client.scope"}
         self.units: dict[str, str] = {}
         self.frozen: set[str] = set()
+        self.uids: dict[str, set[int]] = {}  # cgroup -> the uids of its processes
         self.watching: dict[int, Callable[[], None]] = {}
         self.opened = 0  # watches begun, ever
 
@@ -52,6 +60,9 @@ class FakeHost:
 
     def set_frozen(self, group: str, frozen: bool) -> None:
         (self.frozen.add if frozen else self.frozen.discard)(group)
+
+    def uids_in(self, group: str) -> set[int]:
+        return self.uids.get(group, set())
 
     def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Callable[[], None] | None:
         if pid not in self.processes:
@@ -90,10 +101,12 @@ def _keeper(store: Store, host: FakeHost) -> Leases:
 
 
 async def _grant(leases: Leases, priority: str, memory: int, pid: int | None = LEASER,
-                 unit: str | None = None) -> tuple[str, Pending]:
+                 unit: str | None = None, owner_uid: int = 0,
+                 for_others: bool = False) -> tuple[str, Pending]:
     async with leases.lock:
-        (lease,), pending = leases.grant([("gpu0", memory)], priority=priority, owner_uid=0,
-                                         leaser_pid=LEASER, unit=unit, pid=pid)
+        (lease,), pending = leases.grant([("gpu0", memory)], priority=priority,
+                                         owner_uid=owner_uid, leaser_pid=LEASER, unit=unit,
+                                         pid=pid, for_others=for_others)
     return lease.id, pending
 
 
@@ -280,3 +293,80 @@ def test_a_database_of_the_rowid_schema_keeps_its_leases_when_migrated(tmp_path:
                                      state="frozen", owner_uid=1000, pid=200,
                                      unit="batch.service", group=None, seq=3, exclusive=False)
     assert (record.pid_start, record.cgroup) == (7, "/system.slice/batch.service")
+
+
+@pytest.mark.parametrize(("owner", "for_others", "found", "refused_by"), [
+    (1000, False, set(), None),  # an empty cgroup
+    (1000, False, {1000}, None),  # only the owner's processes
+    (1000, False, {1000, 0}, 0),  # root entered it
+    (1000, False, {1000, 1001, 1002}, 1001),
+    (1000, True, {1000, 0}, None),  # lease-others was granted
+    (0, False, {0, 1000}, None),  # root's lease
+])
+def test_a_cgroup_is_frozen_only_around_its_owners_processes(
+        owner: int, for_others: bool, found: set[int], refused_by: int | None) -> None:
+    assert foreign_uid(owner, for_others, found) == refused_by
+
+
+def test_a_process_of_another_user_entering_after_the_grant_is_never_frozen(
+        host: FakeHost, store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """The grant found only the owner's processes; root's entered later.
+    The owner's Freeze is refused and preemption leaves that cgroup
+    running, freezing the others; thawing stays allowed."""
+    mine, theirs = "/user.slice/mine.scope", "/user.slice/theirs.scope"
+    host.spawn(600, 6, mine)
+    host.spawn(601, 6, theirs)
+    host.uids = {mine: {1000}, theirs: {1001}}
+
+    async def scenario() -> None:
+        leases = _keeper(store, host)
+        lease, pending = await _grant(leases, "Batch", 3 * GiB, pid=600, owner_uid=1000)
+        await leases.settle(pending)
+        _, pending = await _grant(leases, "Batch", 3 * GiB, pid=601, owner_uid=1001)
+        await leases.settle(pending)
+        await leases.set_frozen(lease, True)
+        assert host.frozen == {mine}
+        host.uids[mine].add(0)  # after the grant
+        await leases.set_frozen(lease, False)  # thawing is always allowed
+        assert host.frozen == set()
+        with pytest.raises(ForeignProcess) as refused:
+            await leases.set_frozen(lease, True)
+        assert (refused.value.lease_id, refused.value.uid) == (lease, 0)
+        assert leases.records[lease].lease.state == "active" and host.frozen == set()
+        _, pending = await _grant(leases, "EmergencyTriage", 6 * GiB)
+        with caplog.at_level("WARNING"):
+            await leases.settle(pending)
+        assert leases.records[lease].lease.state == "frozen"  # in the books
+        assert host.frozen == {theirs}  # the others' preemption went on
+        assert f"lease {lease}: cgroup {mine} holds a process of uid 0" in caplog.text
+        leases.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_owner_allowed_others_processes_freezes_them_after_a_restart(
+        host: FakeHost, store: Store) -> None:
+    """Lease-others granted at the grant is kept with the lease."""
+    group = "/system.slice/shared.service"
+    host.spawn(700, 7, group)
+    host.uids[group] = {1000, 0}
+
+    async def before() -> str:
+        leases = _keeper(store, host)
+        lease, pending = await _grant(leases, "Batch", GiB, pid=700, owner_uid=1000,
+                                      for_others=True)
+        await leases.settle(pending)
+        leases.close()
+        return lease
+
+    lease = asyncio.run(before())
+
+    async def after() -> None:
+        leases = _keeper(store, host)
+        await leases.restore()
+        assert leases.records[lease].for_others
+        await leases.set_frozen(lease, True)
+        assert host.frozen == {group}
+        leases.close()
+
+    asyncio.run(after())
