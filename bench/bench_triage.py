@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How often a small model chooses the right plan for sentry's labelled
-failures (bench/triage_set.py), against always taking the first plan
-offered and against the rules alone.
+failures (bench/triage_set.py), against the rules alone, always restarting
+and always taking the first plan offered.
 
 Each incident is decided with its candidates in shuffled order (fixed
 seeds, `--shuffles` orders each), greedy, constrained by the prompt's
@@ -9,12 +9,17 @@ answer schema, in-process with llama-cpp-python (one thread, the model's
 chat template). The prompt's stable prefix stays in the context from one
 incident to the next, as in a warm session, so the decide time is the
 incident's own part: prefill and answer (timed on the first order only:
-with `named`, the later orders give the same prompt). Columns: right (the
-model), first (always the first plan offered), listed (always the first
-plan the prompt lists), rules (the rules' plan), and the same on the
-failures where the rules say a human must, then the incident's turn in
-tokens (max and median over the set: what a warm session prefills per
-failure, its chat markup included) and the answer's most tokens. Strategies:
+with `named`, the later orders give the same prompt).
+
+Reported for the held-out half (the figure for unseen failures) and the
+tuning half (the prompt was tuned on it) apart, overall and by the rules'
+cause kind: the model right; the rules' plan; always restart (the plain
+restart when offered, else the first plan offered); always the first plan
+offered (in the shuffled order); then, where a restart is offered and is
+wrong, how often the model chose it. The summary line adds the first plan
+the prompt lists, answers rejected, the incident's turn in tokens (max and
+median: what a warm session prefills per failure, its chat markup
+included) and the answer's most tokens. Strategies:
 
 - `named`: decide.py as shipped (plans by name, in a fixed order);
 - `numbered`: the prompt before it (commit BEFORE: plans as numbered JSON
@@ -37,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.triage_set import Offer, offers
+from bench.triage_set import RESTART, Offer, offers, tools
+from syntrop import packaged
 from syntrop.sentry import decide
 from syntrop.sentry.findings import Plan
 
@@ -52,8 +58,12 @@ def model_path(name: str) -> Path:
         assert spec is not None and spec.submodule_search_locations
         folder = next(iter(spec.submodule_search_locations))
         return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return MODELS / {"qwen-0.5b": "qwen2.5-coder-0.5b.gguf",
+    path = MODELS / {"qwen-0.5b": "qwen2.5-coder-0.5b.gguf",
                      "qwen-1.5b": "qwen2.5-coder-1.5b.gguf"}[name]
+    if not path.is_file() and name == "qwen-0.5b":
+        found = packaged.locate(packaged.QWEN_CODER_05B)  # joined from its packages
+        return found or path
+    return path
 
 
 def strategy(name: str) -> Any:
@@ -69,18 +79,30 @@ def strategy(name: str) -> Any:
     return module
 
 
-@dataclass(slots=True)
-class Tally:
-    runs: int = 0
-    right: int = 0
-    first: int = 0
-    listed: int = 0
-    rules: int = 0
-    rejected: int = 0
-    human_runs: int = 0
-    human_right: int = 0
-    human_rules: int = 0
-    answer_tokens: int = 0
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One incident in one order of its offer, and the model's answer
+    (None: rejected)."""
+
+    offer: Offer
+    offered: list[Plan]
+    chosen: Plan | None
+
+    @property
+    def right(self) -> bool:
+        return self.chosen is not None and self.offer.is_right(self.chosen)
+
+    def always_restart(self) -> Plan:
+        return self.offer.restart() or self.offered[0]
+
+    @property
+    def restart_wrong(self) -> bool:
+        """A plain restart is offered and is not the right plan."""
+        return self.offer.restart() is not None and self.offer.incident.right != RESTART
+
+    @property
+    def chose_restart(self) -> bool:
+        return self.chosen is not None and tools(self.chosen) == RESTART
 
 
 def _load(path: Path, variant: str | None) -> Any:
@@ -139,17 +161,29 @@ def suffix_tokens(llm: Any, module: Any) -> list[int]:
     return counts
 
 
+@dataclass(slots=True)
+class Run:
+    """A model and strategy over the set."""
+
+    model: str
+    strategy: str
+    decisions: list[Decision]
+    times: list[float]
+    turns: list[int]
+    listed: int = 0
+    answer_tokens: int = 0
+
+
 def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
-        variant: str | None) -> tuple[Tally, list[float], list[int]]:
+        variant: str | None) -> Run:
     from syntrop.runtimed import constrain
 
     llm = _load(model_path(model), variant)
     tokenizer = constrain.tokenizer_for(llm)
     module = strategy(name)
-    turns = suffix_tokens(llm, module)
     every = offers()
+    result = Run(model, name, [], [], suffix_tokens(llm, module))
     _decide(llm, tokenizer, module, every[0], every[0].offered)  # the prefix, once
-    tally, times = Tally(), list[float]()
     deadline = time.monotonic() + cap
     # In a fixed random order, so that a run cut short by the cap is a fair sample.
     order = list(range(len(every)))
@@ -158,33 +192,51 @@ def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
         offer = every[index]
         for shuffle in range(shuffles):
             if time.monotonic() > deadline:
-                print(f"  cap of {cap:.0f} s reached after {tally.runs} runs", flush=True)
-                return tally, times, turns
+                print(f"  cap of {cap:.0f} s reached after {len(result.decisions)} runs",
+                      flush=True)
+                return result
             offered = list(offer.offered)
             random.Random(1000 * shuffle + index).shuffle(offered)
             chosen, took, text, tokens = _decide(llm, tokenizer, module, offer, offered)
             if shuffle == 0:  # later orders give the same prompt with `named`: cached
-                times.append(took)
-            right = chosen is not None and offer.is_right(chosen)
-            tally.runs += 1
-            tally.answer_tokens = max(tally.answer_tokens, tokens)
-            tally.right += right
-            tally.rejected += chosen is None
-            tally.first += offer.is_right(offered[0])
-            tally.listed += offer.is_right(_first_listed(module, offered))
-            tally.rules += offer.is_right(offer.rules)
-            if offer.human_must:
-                tally.human_runs += 1
-                tally.human_right += right
-                tally.human_rules += offer.is_right(offer.rules)
-            if verbose or not right:
-                print(f"  {'ok ' if right else 'BAD'} {offer.incident.name[:52]:52} "
+                result.times.append(took)
+            decision = Decision(offer, offered, chosen)
+            result.decisions.append(decision)
+            result.answer_tokens = max(result.answer_tokens, tokens)
+            result.listed += offer.is_right(_first_listed(module, offered))
+            if verbose or not decision.right:
+                print(f"  {'ok ' if decision.right else 'BAD'} {offer.incident.name[:52]:52} "
                       f"{text.strip()[:60]:60} {took * 1e3:5.0f} ms", flush=True)
-    return tally, times, turns
+    return result
 
 
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else "    -"
+
+
+def _row(label: str, decisions: list[Decision]) -> str:
+    n = len(decisions)
+    return (f"  {label:20} {n:>4} {_pct(sum(d.right for d in decisions), n)} "
+            f"{_pct(sum(d.offer.is_right(d.offer.rules) for d in decisions), n)} "
+            f"{_pct(sum(d.offer.is_right(d.always_restart()) for d in decisions), n)} "
+            f"{_pct(sum(d.offer.is_right(d.offered[0]) for d in decisions), n)}")
+
+
+def report(result: Run) -> None:
+    """Per half: overall and by kind, then restart chosen where it is wrong."""
+    for held_out in (True, False):
+        half = [d for d in result.decisions if d.offer.incident.held_out == held_out]
+        print(f"\n{result.model} / {result.strategy}, "
+              f"{'held-out' if held_out else 'tuning'} half")
+        print(f"  {'kind':20} {'runs':>4} {'model':>6} {'rules':>6} {'restart':>6} "
+              f"{'first':>6}")
+        print(_row("all", half))
+        for kind in sorted({d.offer.kind for d in half}):
+            print(_row(kind, [d for d in half if d.offer.kind == kind]))
+        wrong = [d for d in half if d.restart_wrong]
+        print(f"  restart offered and wrong: the model chose restart in "
+              f"{sum(d.chose_restart for d in wrong)} of {len(wrong)} runs "
+              f"({len({d.offer.incident.name for d in wrong})} incidents)")
 
 
 def main() -> None:
@@ -197,24 +249,24 @@ def main() -> None:
     parser.add_argument("--variant", help="the CPU variant to load instead of runtimed's "
                                           "choice (e.g. icelake)")
     args = parser.parse_args()
-    rows = []
+    results = []
     for model in args.models.split(","):
         for name in args.strategies.split(","):
             print(f"{model} / {name}", flush=True)
-            tally, times, turns = run(model, name, args.shuffles, args.cap, args.verbose,
-                                      args.variant)
-            rows.append((model, name, tally, times, turns))
-    print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'first':>6} "
-          f"{'listed':>6} {'rules':>6} {'rejected':>8} {'human-must right / rules':>26} "
-          f"{'decide p50 / max (new incident)':>32} {'turn max / p50':>14} {'answer':>6}")
-    for model, name, t, times, turns in rows:
-        p50 = statistics.median(times) if times else 0.0
-        print(f"{model:10} {name:9} {t.runs:>4} {_pct(t.right, t.runs)} "
-              f"{_pct(t.first, t.runs)} {_pct(t.listed, t.runs)} {_pct(t.rules, t.runs)} "
-              f"{t.rejected:>8} "
-              f"{t.human_right:>6}/{t.human_runs:<3} vs {t.human_rules:>3}/{t.human_runs:<3}"
-              f"        {p50:5.2f} / {max(times, default=0.0):5.2f} s"
-              f"     {max(turns):>4} / {statistics.median(turns):<5g} {t.answer_tokens:>6}")
+            results.append(run(model, name, args.shuffles, args.cap, args.verbose,
+                               args.variant))
+    for result in results:
+        report(result)
+    print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'listed':>6} "
+          f"{'rejected':>8} {'decide p50 / max (new incident)':>32} {'turn max / p50':>14} "
+          f"{'answer':>6}")
+    for r in results:
+        n = len(r.decisions)
+        p50 = statistics.median(r.times) if r.times else 0.0
+        print(f"{r.model:10} {r.strategy:9} {n:>4} {_pct(sum(d.right for d in r.decisions), n)} "
+              f"{_pct(r.listed, n)} {sum(d.chosen is None for d in r.decisions):>8} "
+              f"        {p50:5.2f} / {max(r.times, default=0.0):5.2f} s"
+              f"     {max(r.turns):>4} / {statistics.median(r.turns):<5g} {r.answer_tokens:>6}")
     sys.stdout.flush()
 
 
