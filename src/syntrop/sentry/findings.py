@@ -24,9 +24,9 @@ failure:
 `cause()` picks the finding that explains the failure (or `transient`:
 nothing linked), with whether syntrop's tools can fix it; `plan()` maps a
 cause to a short ordered plan over the tools toold lists, and
-`candidates()` gives the plans the model may choose from (the rules' plan,
-the plans of the other linked findings, a plain restart where no fixable
-cause is linked, or nothing). Causes out of the tools'
+`candidates()` gives every plan that could apply, for the model to choose
+from (the rules' plan, the plans of the other linked findings, restart,
+reload and clear where they have something to act on, nothing). Causes out of the tools'
 reach (a config file a package or an admin changed, a missing binary, a
 crash loop without a change) get at most one restart.
 """
@@ -497,22 +497,48 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
 
 def candidates(found: Sequence[Finding], rules: Plan, cause: Cause, unit: str,
                tools: Iterable[str], facts: UnitFacts, failure_usec: int) -> list[Plan]:
-    """The plans the model may choose from: the rules' plan first, the plan
-    of every other linked finding a tool can fix (a drop-in and a cache
-    both linked: either may be the one), and nothing. No plain restart
-    beside a fixable cause: after a start that failed following a bad
-    drop-in, a restart only repeats it (measured, SmolLM2 took that futile
-    offer on about half of such failures). Every plan offered is one the
-    rules would run for some reading of the evidence, within their limits."""
+    """Every plan that could apply, for the model to choose from and for
+    the pipeline to try in turn: the rules' plan first, the plan of every
+    other linked finding a tool can fix (each linked change's undo), a
+    restart, a reload where systemd runs an old definition, clearing the
+    cache where the unit has one, and nothing. The rules only fence: they
+    leave out what has nothing to act on (no reload without a stale
+    definition, no clear without a cache directory, no undo without a
+    linked drop-in, a tool toold does not list, no restart where the rules
+    know it cannot help: a missing program, a cause out of reach that had
+    its restart) and a unit whose start waits for a failed dependency gets
+    no plan of its own. A restart is
+    offered beside a fixable cause too: it may be wrong, and then it is
+    undone cheaply (it changed nothing) and the next plan tried
+    (pipeline's try → verify → next)."""
     tools = tuple(tools)
+    have = set(tools)
     offered = [rules] if rules.steps else []
+
+    def offer(plan_: Plan) -> None:
+        if plan_.steps and all(s.tool in have for s in plan_.steps) \
+                and all(plan_.steps != p.steps for p in offered):
+            offered.append(plan_)
+
+    if cause.kind == DEPENDENCY and facts.failed_dependencies:
+        return [*offered, Plan(reason="no action")]
     fixable = {kind for kind, can in PRECEDENCE if can} - {DEPENDENCY}
     for finding in found:
         if finding.linked and finding.kind in fixable and finding.kind != cause.kind:
-            other = plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,
-                               summary=finding.line(failure_usec)), unit, tools, facts)
-            if other.steps and all(other.steps != p.steps for p in offered):
-                offered.append(other)
+            offer(plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,
+                             summary=finding.line(failure_usec)), unit, tools, facts))
+    if not rules.steps:
+        # The rules know a restart cannot help: the program is missing, or
+        # a cause out of the tools' reach already had its one restart.
+        return [*offered, Plan(reason="no action")]
+    restart = Step(tool="unit_restart", parameters={"unit": unit})
+    offer(Plan(steps=(restart,), reason="restart it"))
+    if facts.need_daemon_reload:
+        offer(Plan(steps=(Step(tool="daemon_reload"), restart),
+                   reason="systemd runs an old definition: reload, then restart"))
+    if facts.cache_dirs:
+        offer(Plan(steps=(Step(tool="clear_cache", parameters={"unit": unit}), restart),
+                   reason="clear its cache, then restart"))
     offered.append(Plan(reason="no action"))
     return offered
 

@@ -40,6 +40,8 @@ MS = 1_000
 SECOND = 1_000_000
 #: The tools toold had in this release, for when ListTools cannot be asked.
 KNOWN_TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache")
+#: Plans one incident tries before it gives up (try → verify → next).
+MAX_TRIES = 3
 
 
 def wall_clock_usec() -> int:
@@ -162,6 +164,9 @@ class IncidentRecord:
     #: findings.ran_well_since at this failure: the supervisor hands it to
     #: the unit's next triage (not stored).
     ran_well_usec: int = 0
+    #: Plans (Plan.describe()) this incident ran that did not heal the unit,
+    #: in order (not stored: the phases and the summary say the same).
+    tried: list[str] = field(default_factory=list)
 
 
 def new_id() -> str:
@@ -273,8 +278,7 @@ class Policy:
     #: triage saw it (findings.UnitFacts.ran_well_usec).
     ran_well_usec: int = 0
     #: Plans (Plan.describe()) that ran on this unit in the breaker's window
-    #: and did not heal it; a plain restart is never in it (a backoff may
-    #: retry one). Such a plan is not run again: the next linked one is.
+    #: and did not heal it. Such a plan is not run again: the next one is.
     tried: frozenset[str] = frozenset()
 
 
@@ -375,7 +379,7 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
             decision=None, decided_by=None, result="breaker_open", phases=run.phases,
             summary=f"{unit}: breaker open, left alone")
 
-    ok, facts = await run.phase(
+    _, facts = await run.phase(
         "context", budgets.context_usec, lambda: phases.context(unit, detected_usec),
         lambda f: f.summary or f"{len(f.changes)} changes")
     if facts is None:
@@ -419,27 +423,26 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
 
     healed = False
     executed: Executed | None = None
+    tried: list[str] = []
     if not plan.steps:
         why = "the model chose no plan" if decided_by == "model" else plan.reason
         run.skip("execute", budgets.execute_usec, why)
         run.skip("verify", budgets.verify_usec, why)
     else:
-        chosen_plan = plan
-        ok, executed = await run.phase(
-            "execute", budgets.execute_usec, lambda: phases.execute(unit, chosen_plan),
-            lambda e: f"{e.outcome}: {_ran(e.steps) if e.steps else e.message}")
-        if ok and executed is not None and executed.outcome == "succeeded":
-            hold = rules.verify_hold_usec(unit_facts, facts.failure_usec,
-                                          policy.hold_min_usec, policy.hold_max_usec)
-            ok, active = await run.phase(
-                "verify", budgets.verify_usec, lambda: phases.verify(unit, hold),
-                lambda a: f"active for {hold / SECOND:.1f} s" if a
-                else f"not active through {hold / SECOND:.1f} s")
-            healed = bool(ok and active)
-        else:
-            run.skip("verify", budgets.verify_usec, "the plan did not succeed")
-        if executed is not None and executed.refused == "unit_not_allowed":
-            cause = _protected(unit, cause, executed)
+        hold = rules.verify_hold_usec(unit_facts, facts.failure_usec,
+                                      policy.hold_min_usec, policy.hold_max_usec)
+        # Try → verify → next: the chosen plan, then the others offered, in
+        # the rules' order, until one heals (at most MAX_TRIES).
+        for attempt in _ranked(plan, offered)[:MAX_TRIES]:
+            plan = attempt
+            executed, healed = await _try(run, phases, budgets, unit, attempt, hold,
+                                          f"try {len(tried) + 1}: ")
+            if healed:
+                break
+            tried.append(attempt.describe())
+            if executed is not None and executed.refused == "unit_not_allowed":
+                cause = _protected(unit, cause, executed)
+                break
 
     if got_lease and lease_id is not None:
         held = lease_id
@@ -450,13 +453,42 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
 
     steps = _plan_steps(plan, executed)
     result = _result(healed, plan, decided_by, cause, exhausted)
+    before = f"tried {' then '.join(tried[:len(tried) - (0 if healed else 1)])} (not healed), " \
+        if len(tried) > (0 if healed else 1) else ""
     summary = (f"{unit}: {trigger}; cause: {cause.summary}; {decided_by} planned "
-               f"{plan.describe()}; {_ran(steps) if plan.steps else plan.reason}; {result}")
+               f"{plan.describe()}; {before}{_ran(steps) if plan.steps else plan.reason}; "
+               f"{result}")
     return IncidentRecord(
         id=ident, unit=unit, detected_usec=detected_usec, trigger=trigger,
         decision=encode(plan), decided_by=decided_by, result=result, phases=run.phases,
         summary=summary, cause=cause, plan=steps, findings=lines,
-        ran_well_usec=rules.ran_well_since(unit_facts, facts.failure_usec))
+        ran_well_usec=rules.ran_well_since(unit_facts, facts.failure_usec), tried=tried)
+
+
+def _ranked(chosen: Plan, offered: list[Plan]) -> list[Plan]:
+    """The plans to try in turn: the chosen one, then every other offered
+    plan that acts, in the offer's order (the rules' first)."""
+    return [chosen, *(p for p in offered if p.steps and p.steps != chosen.steps)]
+
+
+async def _try(run: _Run, phases: Phases, budgets: Budgets, unit: str, plan: Plan, hold: int,
+               label: str) -> tuple[Executed | None, bool]:
+    """One try: the plan executed, then verified for `hold`. A try that does
+    not heal leaves nothing to put back for the tools it may use: a restart
+    or a reload change no file, and revert_dropin puts the directory back
+    itself when the unit is worse after it (toold's rollback)."""
+    ok, executed = await run.phase(
+        "execute", budgets.execute_usec, lambda: phases.execute(unit, plan),
+        lambda e: f"{label}{plan.describe()}: {e.outcome}: "
+                  f"{_ran(e.steps) if e.steps else e.message}")
+    if not (ok and executed is not None and executed.outcome == "succeeded"):
+        run.skip("verify", budgets.verify_usec, f"{label}the plan did not succeed")
+        return executed, False
+    ok, active = await run.phase(
+        "verify", budgets.verify_usec, lambda: phases.verify(unit, hold),
+        lambda a: f"{label}active for {hold / SECOND:.1f} s" if a
+        else f"{label}not active through {hold / SECOND:.1f} s")
+    return executed, bool(ok and active)
 
 
 def _names(budgets: Budgets) -> list[tuple[str, int]]:

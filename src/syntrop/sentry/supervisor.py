@@ -297,14 +297,14 @@ class Supervisor:
         return incident
 
     async def _remember(self, unit: str, incident: IncidentRecord, now: int) -> None:
-        """A plan beyond a plain restart that ran and did not heal."""
+        """The plans that ran and did not heal (a restart too: with no
+        backoff retries, one that did not hold is not repeated in the
+        window; a change opens a new finding and its plan)."""
         if incident.result == "healed":
             await self.store.forget_tried(unit)
             return
-        tools = [s.tool for s in incident.plan]
-        if tools and tools != ["unit_restart"] and \
-                any(s.outcome != "not_run" for s in incident.plan):
-            await self.store.put_tried(unit, " → ".join(tools), now)
+        for described in incident.tried:
+            await self.store.put_tried(unit, described, now)
 
 
 def _protected(unit: str, trigger: str, detected_usec: int, now: int) -> IncidentRecord:

@@ -212,14 +212,20 @@ def test_the_model_chooses_among_safe_plans_only() -> None:
                 facts: UnitFacts = RESTARTED) -> list[str]:
         return [p.describe() for p in f.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
 
-    # A fixable cause: its plan or nothing (never a restart that repeats it).
-    assert offered(found, cause, plan) == ["revert_dropin", "nothing"]
+    # A fixable cause: its plan first, a restart (which may be wrong: then
+    # the pipeline tries the next), or nothing.
+    assert offered(found, cause, plan) == ["revert_dropin", "unit_restart", "nothing"]
     # Two fixable findings linked: the rules' first, the other as well.
     facts = replace(RESTARTED, cache_dirs=("/var/cache/web",))
     journal = ("web: corrupt index /var/cache/web/index.db",)
     found, cause, plan = decide([change], facts, journal=journal)
     assert offered(found, cause, plan, facts) == ["revert_dropin", "clear_cache → unit_restart",
-                                                  "nothing"]
+                                                  "unit_restart", "nothing"]
+    # A stale definition: reload beside restart; no reload without one.
+    stale = replace(RESTARTED, need_daemon_reload=True)
+    found, cause, plan = decide([], stale)
+    assert offered(found, cause, plan, stale) == ["daemon_reload → unit_restart",
+                                                  "unit_restart", "nothing"]
     # Nothing linked: a restart or nothing.
     found, cause, plan = decide([], RESTARTED, trigger="state_failed")
     assert offered(found, cause, plan) == ["unit_restart", "nothing"]

@@ -141,9 +141,16 @@ def test_pipeline_a_two_step_plan_and_its_failed_step() -> None:
     fakes.unit = UnitFacts(unit="a.service", need_daemon_reload=True)
     fakes.plan_outcome = "failed"
     incident = run(fakes.phases(decide=_fail))
-    assert [s.tool for s in incident.plan] == ["daemon_reload", "unit_restart"]
+    # The rules' plan failed: the next offered plan was tried, and failed too.
+    assert [p.describe() for p in fakes.executed] == ["daemon_reload → unit_restart",
+                                                      "unit_restart"]
+    assert [s.tool for s in incident.plan] == ["unit_restart"]
     assert outcomes(incident)["verify"] == "skipped" and incident.result == "failed"
-    assert "daemon_reload failed; unit_restart failed" in incident.summary
+    assert "tried daemon_reload → unit_restart (not healed), unit_restart failed" \
+        in incident.summary
+    assert incident.tried == ["daemon_reload → unit_restart", "unit_restart"]
+    tries = [p.detail for p in incident.phases if p.name == "execute"]
+    assert [t.split(":")[0] for t in tries] == ["try 1", "try 2"], tries
 
 
 def test_pipeline_out_of_reach_cause_needs_a_human() -> None:
@@ -323,3 +330,50 @@ def test_a_context_phase_that_failed_is_named_in_a_transient_cause() -> None:
     assert "not everything was read" in incident.cause.summary
     assert any(line.startswith("not read: the context phase: failed (ConnectionRefusedError")
                for line in incident.cause.evidence), incident.cause.evidence
+
+
+def test_a_plan_that_does_not_heal_is_followed_by_the_next_offered() -> None:
+    """The model takes the restart offered beside a linked drop-in (a wrong
+    guess: the start fails the same way); the incident then tries the
+    rules' undo, which heals. Both tries are in the incident's phases; the
+    restart is in `tried`, the undo is its plan."""
+    fakes = Fakes()
+    fakes.changes = [Change(kind="dropin", timestamp_usec=FAIL - 10 * S, unit="a.service",
+                            path="/etc/systemd/system/a.service.d/bad.conf")]
+    verdicts = iter([False, True])
+
+    async def restart_please(unit: str, findings: list[str], cause: str, journal: list[str],
+                             offered: list[Plan]) -> Plan:
+        fakes.offered.append([p.describe() for p in offered])
+        return next(p for p in offered if p.describe() == "unit_restart")
+
+    async def verify(unit: str, hold_usec: int) -> bool:
+        return next(verdicts)
+
+    phases = fakes.phases(decide=restart_please)
+    incident = run(Phases(context=phases.context, lease=phases.lease, decide=phases.decide,
+                          execute=phases.execute, verify=verify, release=phases.release))
+    assert fakes.offered == [["revert_dropin", "unit_restart", "nothing"]]
+    assert [p.describe() for p in fakes.executed] == ["unit_restart", "revert_dropin"]
+    assert (incident.result, incident.decided_by) == ("healed", "model")
+    assert incident.tried == ["unit_restart"]
+    assert [s.tool for s in incident.plan] == ["revert_dropin"]
+    assert [(p.name, p.outcome, p.detail.split(":")[0]) for p in incident.phases
+            if p.name in ("execute", "verify")] == [
+        ("execute", "ok", "try 1"), ("verify", "ok", "try 1"),
+        ("execute", "ok", "try 2"), ("verify", "ok", "try 2")]
+    assert "tried unit_restart (not healed)" in incident.summary
+
+
+def test_at_most_three_plans_are_tried_and_nothing_is_never_one() -> None:
+    fakes = Fakes()
+    fakes.unit = UnitFacts(unit="a.service", active_enter_usec=FAIL - 3600 * S,
+                           inactive_exit_usec=FAIL - 2 * S, need_daemon_reload=True,
+                           cache_dirs=("/var/cache/a",))
+    fakes.changes = [Change(kind="dropin", timestamp_usec=FAIL - 10 * S, unit="a.service",
+                            path="/etc/systemd/system/a.service.d/bad.conf")]
+    fakes.active = False
+    incident = run(fakes.phases())
+    assert len(fakes.offered[0]) == 5  # reload, undo, restart, clear, nothing
+    assert len(fakes.executed) == 3 and incident.result == "failed"
+    assert all(p.steps for p in fakes.executed)

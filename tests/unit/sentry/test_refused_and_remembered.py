@@ -106,7 +106,9 @@ def test_runs_that_went_well_and_plans_that_failed_survive_sentrys_restart(
         return incident
 
     results = [asyncio.run(once()) for _ in range(2)]
-    assert executed == ["clear_cache → unit_restart"]
+    # The first triage tried the rules' plan, then the restart offered beside
+    # it; the second has nothing untried left: a human.
+    assert executed == ["clear_cache → unit_restart", "unit_restart"]
     assert [i.result for i in results] == ["failed", "needs_human"]
     assert all(dropin in line and "not linked" in line
                for i in results for line in i.findings if dropin in line)

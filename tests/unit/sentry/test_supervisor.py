@@ -319,8 +319,9 @@ def test_a_dropin_the_unit_ran_well_with_stays_unlinked_after_sentrys_restart(
 def test_a_plan_that_did_not_heal_is_not_run_again_the_next_linked_one_is(
         tmp_path: Path) -> None:
     """A drop-in and a cache both linked: the model chose clearing the cache,
-    which did not heal. The next triage offers and runs the drop-in's revert,
-    not the cache again; once both failed, a human is asked."""
+    which did not heal; the same incident then tries the drop-in's revert
+    and the restart. None is run again in the window: the next triage asks
+    a human."""
     from syntrop.sentry.findings import Change, UnitFacts
     from syntrop.sentry.pipeline import StepRecord
 
@@ -374,7 +375,10 @@ def test_a_plan_that_did_not_heal_is_not_run_again_the_next_linked_one_is(
         store.close()
         return results
 
-    assert asyncio.run(scenario()) == ["failed", "failed", "needs_human"]
-    assert executed == ["clear_cache → unit_restart", "revert_dropin"]
-    assert offered == [["revert_dropin", "clear_cache → unit_restart", "nothing"],
-                       ["revert_dropin", "nothing"]]
+    # One incident tries the model's choice, then the next plans in the
+    # rules' order (try → verify → next, at most 3); the next triage has
+    # nothing untried left: a human. The breaker then refuses more.
+    assert asyncio.run(scenario()) == ["failed", "needs_human", "breaker_open"]
+    assert executed == ["clear_cache → unit_restart", "revert_dropin", "unit_restart"]
+    assert offered == [["revert_dropin", "clear_cache → unit_restart", "unit_restart",
+                        "nothing"]]
