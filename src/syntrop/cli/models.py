@@ -170,7 +170,8 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     pull.add_argument("reference", metavar="REF",
                       help="hf://org/repo[@revision]/file.gguf, "
                       "ollama://[registry/]namespace/model[:tag], https://… (with --sha256), "
-                      "or a local path")
+                      "a local path, or packaged:NAME (a model installed packages carry: "
+                      "smollm2, qwen2.5-coder-0.5b, sentry's triage model)")
     pull.add_argument("--name", metavar="NAME[:TAG]",
                       help="store it under this name (default: derived from REF)")
     pull.add_argument("--sha256", metavar="HEX", help="expected SHA-256 of the file")

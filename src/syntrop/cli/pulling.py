@@ -116,9 +116,41 @@ class _Retry(Exception):
         self.restart = restart
 
 
+#: `syn pull packaged:NAME`: a model that packages installed beside
+#: syntrop carry (syntrop.packaged), registered under NAME, pinned.
+PACKAGED = "packaged:"
+
+
+def _packaged(args: argparse.Namespace) -> str:
+    """The file of `packaged:NAME` (its parts joined and verified), with
+    args set to register it under NAME, verified and pinned."""
+    from syntrop import packaged
+
+    wanted = args.reference.removeprefix(PACKAGED)
+    model = next((m for m in packaged.DEFAULTS if m.name == wanted), None)
+    if model is None:
+        known = ", ".join(PACKAGED + m.name for m in packaged.DEFAULTS)
+        raise CliError(f"{args.reference}: no such packaged model (known: {known})")
+    try:
+        path = packaged.locate(model)
+    except (OSError, ValueError) as error:
+        raise CliError(f"{args.reference}: {error}") from None
+    if path is None:
+        raise CliError(f"{args.reference}: its packages ({', '.join(model.packages)}) are not "
+                       "installed in this Python environment")
+    args.name, args.sha256, args.pin = args.name or model.name, model.sha256, True
+    return str(path)
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from syntrop.modeld import refs
 
+    if args.reference.startswith(PACKAGED):
+        model = run(_register_local(_packaged(args), args))
+        print(json.dumps(as_dict(model)) if args.json else
+              f"pulled {model.name}:{model.tag} sha256:{model.digest} ({human(model.size)}), "
+              "pinned")
+        return 0
     try:
         reference = refs.parse(args.reference)
         if isinstance(reference, refs.PathRef):
