@@ -48,9 +48,12 @@ class PeerProvider(OpenAIProvider):
     async def prefill(self, body: dict[str, Any]) -> int:
         """A chat request's prompt prefilled by the peer's runtimed (its
         POST /v1/syntrop/prefill, handoff.py): the state it streams back,
-        copied as it comes into a memfd, the caller's."""
+        copied as it comes into a memfd, the caller's, sealed against
+        writes, shrinking and growth (runtimed takes no other)."""
+        import fcntl
+
         exchange = await self._open("POST", "/syntrop/prefill", json.dumps(body).encode())
-        fd = os.memfd_create("syntrop-handoff", os.MFD_CLOEXEC)
+        fd = os.memfd_create("syntrop-handoff", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             try:
                 if exchange.status != 200:
@@ -65,6 +68,8 @@ class PeerProvider(OpenAIProvider):
                         view = view[os.write(fd, view):]
             finally:
                 exchange.close()
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         except BaseException:
             os.close(fd)
             raise

@@ -61,10 +61,11 @@ class Overflow(EngineError):
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """A context's sequence state, copied out: its tokens and KV bytes."""
+    """A context's sequence state, copied out: its tokens and KV bytes (a
+    writable view restores without a copy)."""
 
     tokens: list[int]
-    data: bytes
+    data: bytes | memoryview
 
 
 class Emit(Protocol):
@@ -352,7 +353,9 @@ class Engine:
 
         self.check_fits(len(saved.tokens))
         llama = self._llama
-        source = (ctypes.c_uint8 * len(saved.data)).from_buffer_copy(saved.data)
+        kind = ctypes.c_uint8 * len(saved.data)
+        writable = isinstance(saved.data, memoryview) and not saved.data.readonly
+        source = kind.from_buffer(saved.data) if writable else kind.from_buffer_copy(saved.data)
         if not llama_cpp.llama_state_seq_set_data(llama._ctx.ctx, source, len(saved.data), 0):
             raise EngineError("the saved sequence state does not fit this context")
         count = len(saved.tokens)

@@ -10,12 +10,22 @@ digits: a state of another file of the same name is not used), then
 llama.cpp's sequence state in worker/saved.py's format; the prefill runs
 CHUNK tokens per evaluation, the cancel and the pace board looked at
 between chunks.
+
+A state handed in is taken only from a sealed memfd (saved.SEALS: nobody
+can change it while it is read) no larger than the model's context can
+hold (`state_bytes`), and is mapped, not copied; one that fails a check is
+left unused and the prompt is prefilled. Its tokens are all that is checked
+of it, so the context it went into stays its request's: the KV is dropped
+when the request ends, and the pool neither reuses nor reports it
+(`forget`).
 """
 
+import fcntl
 import logging
 import os
+import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from syntrop.interfaces.runtime import ContextOverflow, InvalidModel
 from syntrop.prefix import reported
@@ -24,13 +34,19 @@ from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Overflow, Saved
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
-from syntrop.runtimed.worker.saved import memfd_of, read_saved
+from syntrop.runtimed.worker.saved import SEALS, map_saved, memfd_of
 from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
 #: Bytes of the model's digest before the state.
 DIGEST = 64
+#: Bytes of one key or value element at most: f32, the widest KV type.
+ELEMENT = 4
+#: Bytes a sequence state takes per token besides its KV (its cell's
+#: position and sequence ids), and in all (headers per layer), generously.
+CELL = 64
+OVERHEAD = 1 << 20
 #: Prompt tokens evaluated per step of an exported prefill (the seed's
 #: micro-batch): a cancel waits at most one chunk.
 CHUNK = 1024
@@ -67,7 +83,7 @@ def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots
         raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
     finally:
         pool.give(options, engine)
-    fd = memfd_of(saved, "syntrop-prefill", _header(digest))
+    fd = memfd_of(saved, "syntrop-prefill", _header(digest), sealed=True)
     return {"tokens": len(saved.tokens), "reused_tokens": reused,
             "prefilled_tokens": len(body) - reused, "bytes": len(saved.data)}, [fd]
 
@@ -76,22 +92,65 @@ def _header(digest: str) -> bytes:
     return digest.encode("ascii", "replace")[:DIGEST].ljust(DIGEST, b"-")
 
 
-def handed(fds: list[int], digest: str) -> Saved | None:
+def state_bytes(metadata: Mapping[str, str], n_ctx: int) -> int:
+    """The most bytes a handed-in state of a context of `n_ctx` tokens of
+    the model described by `metadata` (GGUF keys) can take: every layer's
+    keys and values in f32 for every token, and CELL per token and
+    OVERHEAD besides. A bound, not the size: KV heads default to the
+    attention heads, head sizes to the embedding split among them."""
+    arch = metadata.get("general.architecture", "")
+
+    def number(key: str, default: int) -> int:
+        try:
+            return max(1, int(metadata.get(f"{arch}.{key}", default)))
+        except ValueError:
+            return default
+
+    embedding = number("embedding_length", 1)
+    heads = number("attention.head_count", 1)
+    heads_kv = number("attention.head_count_kv", heads)
+    size = (number("attention.key_length", max(1, embedding // heads)) +
+            number("attention.value_length", max(1, embedding // heads)))
+    per_token = number("block_count", 1) * heads_kv * size * ELEMENT + 4 + CELL
+    return DIGEST + 8 + n_ctx * per_token + OVERHEAD
+
+
+def handed(fds: list[int], digest: str, n_ctx: int,
+           metadata: Callable[[], Mapping[str, str]]) -> Saved | None:
     """The state handed in with a request (fds[0], if any) when it is of
-    the model of `digest`, every descriptor closed; None without one, or
-    when it is of another model or cannot be read."""
+    the model of `digest` and passes `check` (`metadata()`: the model's, for
+    the bound), every descriptor closed; None without one, or when it is of
+    another model, fails a check or cannot be read."""
     try:
         if not fds:
             return None
+        check(fds[0], state_bytes(metadata(), n_ctx))
         if os.pread(fds[0], DIGEST, 0) != _header(digest):
             raise ValueError("a state of another model file")
-        return read_saved(fds[0], DIGEST)
-    except (OSError, ValueError) as error:
+        return map_saved(fds[0], DIGEST, n_ctx)
+    except (OSError, ValueError, MemoryError) as error:
         logger.warning("a handed-in prefix state is not used: %s", error)
         return None
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def check(fd: int, limit: int) -> None:
+    """ValueError unless `fd` is a memfd sealed with saved.SEALS (a regular
+    file is not: it could change while it is read) of at most `limit`
+    bytes."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ValueError("not a regular file")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ValueError("not a memfd") from None
+    if seals & SEALS != SEALS:
+        raise ValueError("a memfd not sealed against writes, shrinking and growth")
+    size = os.fstat(fd).st_size  # fixed by the seals now
+    if size > limit:
+        raise ValueError(f"{size} bytes, more than a state of this context can take ({limit})")
 
 
 def adopt(engine: Engine, saved: Saved | None, tokens: list[int]) -> int:
@@ -107,8 +166,16 @@ def adopt(engine: Engine, saved: Saved | None, tokens: list[int]) -> int:
     engine.prefill(0, [])
     try:
         engine.restore(saved)
-    except (EngineError, Overflow) as error:
+    except (EngineError, Overflow, MemoryError) as error:
         logger.warning("a handed-in prefix state is not used: %s", error)
         engine.prefill(0, [])
         return 0
     return count - resident
+
+
+def forget(engine: Engine) -> None:
+    """Drop the KV of a context a handed-in state went into, before it goes
+    back to the pool: no other request is answered from it, and the pool
+    reports no prefix of it."""
+    engine.prefill(0, [])
+    engine.prefixes = ()

@@ -226,8 +226,9 @@ class Host:
     def generate(self, args: dict[str, Any], sink: Sink, fds: list[int]) -> dict[str, Any]:
         """A completion (`prompt`) or chat (`messages`) stream; fds[0], if
         any, a prefill handed in for its prompt (handoff.py)."""
-        saved = handoff.handed(fds, str(args.get("digest") or ""))
         options = options_from(args["options"])
+        saved = handoff.handed(fds, str(args.get("digest") or ""), options.n_ctx,
+                               lambda: self._pool().tokenizer().metadata)
         params = params_from(args["params"])
         compiled = _constraint(args.get("constraint"))
         speculative = args.get("speculative")
@@ -261,9 +262,10 @@ class Host:
             raise InvalidParameter(parameter="prompt")
         engine = pool.take(options, tokens, room=self.slots, stop=sink.stop,
                            budget=params.max_tokens)
+        restored = False
         try:
             counts = Counts(_reasoning(engine, params))
-            handoff.adopt(engine, saved, tokens)
+            restored = handoff.adopt(engine, saved, tokens) > 0
             saved = None  # its bytes are in the context now
             with contextlib.ExitStack() as held:
                 drafter = None if speculative is None else \
@@ -283,11 +285,14 @@ class Host:
                         tokens, params, sink.stop, sink.emit, extra_stops=stops, pace=self.pace,
                         first=sink.first, logits_processor=_processor(engine, compiled),
                         reasoning=counts.reasoning, think=sink.think)
-            if turns is not None and reason != "cancelled" and len(tokens) >= KEEP_MIN:
+            if turns is not None and reason != "cancelled" and len(tokens) >= KEEP_MIN \
+                    and not restored:
                 engine.prefixes = reported(turns)
         except Overflow as error:
             raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
         finally:
+            if restored:  # its KV is this request's only
+                handoff.forget(engine)
             pool.give(options, engine)
         return {"reason": reason, **counts.extra(), **pool.cache()}
 
