@@ -175,13 +175,13 @@ class Run:
 
 
 def run(model: str, name: str, shuffles: int, cap: float, verbose: bool,
-        variant: str | None) -> Run:
+        variant: str | None, halves: tuple[bool, ...] = (True, False)) -> Run:
     from syntrop.runtimed import constrain
 
     llm = _load(model_path(model), variant)
     tokenizer = constrain.tokenizer_for(llm)
     module = strategy(name)
-    every = offers()
+    every = [offer for offer in offers() if offer.incident.held_out in halves]
     result = Run(model, name, [], [], suffix_tokens(llm, module))
     _decide(llm, tokenizer, module, every[0], every[0].offered)  # the prefix, once
     deadline = time.monotonic() + cap
@@ -226,6 +226,8 @@ def report(result: Run) -> None:
     """Per half: overall and by kind, then restart chosen where it is wrong."""
     for held_out in (True, False):
         half = [d for d in result.decisions if d.offer.incident.held_out == held_out]
+        if not half:
+            continue
         print(f"\n{result.model} / {result.strategy}, "
               f"{'held-out' if held_out else 'tuning'} half")
         print(f"  {'kind':20} {'runs':>4} {'model':>6} {'rules':>6} {'restart':>6} "
@@ -246,15 +248,18 @@ def main() -> None:
     parser.add_argument("--shuffles", type=int, default=2)
     parser.add_argument("--cap", type=float, default=240.0)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--half", choices=("both", "tuning", "held-out"), default="both",
+                        help="tune the prompt on the tuning half only: --half tuning")
     parser.add_argument("--variant", help="the CPU variant to load instead of runtimed's "
                                           "choice (e.g. icelake)")
     args = parser.parse_args()
+    halves = {"both": (True, False), "tuning": (False,), "held-out": (True,)}[args.half]
     results = []
     for model in args.models.split(","):
         for name in args.strategies.split(","):
             print(f"{model} / {name}", flush=True)
             results.append(run(model, name, args.shuffles, args.cap, args.verbose,
-                               args.variant))
+                               args.variant, halves))
     for result in results:
         report(result)
     print(f"\n{'model':10} {'strategy':9} {'runs':>4} {'right':>6} {'listed':>6} "

@@ -84,13 +84,17 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
         assert phase(incident, "lease")["outcome"] == "ok", incident
         assert decide["outcome"] == "ok", decide["detail"]
         assert incident["decided_by"] == "model", incident
-        decision = json.loads(incident["decision"])
-        assert decision == {"tool": "unit_restart", "parameters": {"unit": UNIT}}, decision
+        # Which of the two it takes is its judgment (no exit status and no
+        # journal here: restart and nothing are both defensible).
+        decision = json.loads(incident["decision"]) if incident.get("decision") else None
+        assert decision in (None, {"tool": "unit_restart", "parameters": {"unit": UNIT}}), \
+            decision
         assert incident["cause"]["kind"] == "transient"
         assert any("50-bad.conf" in line and "not linked" in line
                    for line in incident["findings"]), incident["findings"]
         # The incident carries the raw answer, what was offered and the timings.
-        assert "answer '\"restart\"'" in decide["detail"], decide
+        assert "answer '\"restart\"'" in decide["detail"] or \
+            "answer '\"nothing\"'" in decide["detail"], decide
         assert "offered unit_restart | nothing" in decide["detail"], decide
         assert " tokens; session (" in decide["detail"], decide  # the warm session's
         # Warm, a second decision of the same failure (its breaker reset, or
@@ -99,7 +103,7 @@ def test_the_model_decides_with_the_evidence(root: Path) -> None:
         call(daemon, "ResetBreaker", unit=UNIT)
         again = call(daemon, "Triage", unit=UNIT)["incident"]
         assert again["decided_by"] == "model", again
-        assert json.loads(again["decision"])["tool"] == decision["tool"], (again, incident)
+        assert again.get("decision") == incident.get("decision"), (again, incident)
         print(f"\ncold decide {decide['duration_usec'] / 1000:.0f} ms, warm decide "
               f"{phase(again, 'decide')['duration_usec'] / 1000:.0f} ms: "
               f"{phase(again, 'decide')['detail']}")
