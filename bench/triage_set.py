@@ -249,6 +249,17 @@ def _disk_full(unit: str, line: str, ran: float = 86400) -> Incident:
                     right=NOTHING)
 
 
+def _oom(unit: str, line: str, ran: float = 7200) -> Incident:
+    """The kernel killed it for memory after a long run: one restart (the
+    pressure may have passed), then a human."""
+    return Incident(name=f"killed for memory ({unit})", unit=unit, trigger="state_failed",
+                    changes=(), journal=(line,),
+                    facts=UnitFacts(unit=unit, active_enter_usec=_at(-ran),
+                                    inactive_exit_usec=_at(-ran), exec_main_code=2,
+                                    exec_main_status=9, result="oom-kill"),
+                    right=RESTART)
+
+
 def _state(unit: str, directory: str, line: str) -> Incident:
     """The journal names a broken state directory: no tool repairs one."""
     return Incident(name=f"broken state ({directory})", unit=unit, trigger="state_failed",
@@ -391,6 +402,8 @@ TUNING: tuple[Incident, ...] = (
     _no_user("archive.service", "archiver", "/usr/bin/archive-run", days=40),
     _disk_full("pgsql.service", 'pgsql: could not write to file "pg_wal/xlogtemp.2291": '
                "No space left on device"),
+    _oom("indexer.service", "indexer.service: A process of this unit has been killed by the "
+         "OOM killer."),
 )
 
 #: The held-out half: never shown to whoever tunes the prompt.
@@ -428,6 +441,8 @@ HELD_OUT: tuple[Incident, ...] = tuple(replace(incident, held_out=True) for inci
     _disk_full("influx.service", "influx: write failed: ENOSPC: no space left on device, "
                "open '/srv/influx/wal/000812.wal'", ran=3 * 86400),
     _disk_full("logship.service", "logship: cannot append to spool: disk full (0 bytes free)"),
+    _oom("thumbnailer.service", "thumbnailer: Out of memory: Killed process 4121 (thumbnailer)",
+         ran=3 * 3600),
     _config("nginx-edge.service", "/etc/nginx-edge/nginx.conf", None,
             'nginx-edge: unexpected "}" in /etc/nginx-edge/nginx.conf:41', NOTHING, seconds=-6),
     _config("redis-cache.service", "/etc/redis-cache/redis.conf", None,

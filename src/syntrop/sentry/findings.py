@@ -46,6 +46,9 @@ RAN_WELL_USEC = 10 * SECOND
 MAX_STEPS = 4
 #: systemd's exit status when it could not execute the program (EXIT_EXEC).
 EXIT_EXEC = 203
+#: systemd's exit statuses when User= or Group= name no account (EXIT_USER,
+#: EXIT_GROUP).
+EXIT_GROUP, EXIT_USER = 216, 217
 #: si_code values of ExecMainCode.
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 
@@ -63,6 +66,10 @@ CRASH_LOOP = "crash_loop"
 RESOURCE = "resource_error"
 EXIT = "exit_status"
 TRANSIENT = "transient"
+ACCOUNT_MISSING = "account_missing"
+DISK_FULL = "disk_full"
+OOM_KILLED = "oom_killed"
+TRANSIENT_ERROR = "transient_error"
 #: Not found by the rules: toold refused the plan, the unit is on its deny list.
 PROTECTED = "unit_protected"
 
@@ -70,6 +77,14 @@ PROTECTED = "unit_protected"
 RESOURCE_ERRORS = ("address already in use", "permission denied",
                    "held by another process", "locked by another process",
                    "is already locked", "could not get lock", "unable to lock")
+
+#: What the journal says when a filesystem the unit writes to is full.
+FULL_ERRORS = ("no space left on device", "disk quota exceeded", "disk full")
+#: What the journal says of an error that passes by itself: the same start
+#: may work again.
+TRANSIENT_ERRORS = ("connection refused", "temporary failure", "try again", "will retry",
+                    "network is unreachable", "no route to host", "connection reset",
+                    "temporarily unavailable")
 
 #: Causes in order of precedence, and whether a plan of syntrop's tools
 #: can remove them.
@@ -79,13 +94,17 @@ PRECEDENCE: tuple[tuple[str, bool], ...] = (
     # the unit file on disk no longer does.
     (STALE_DEFINITION, True),
     (EXEC_MISSING, False),
+    (ACCOUNT_MISSING, False),
     (DROPIN, True),
     (STALE_CACHE, True),
+    (DISK_FULL, False),
+    (OOM_KILLED, False),
     (STALE_STATE, False),
     (CONFIG_REPLACED, False),
     (CONFIG_EDITED, False),
     (UNIT_FILE, False),
     (RESOURCE, False),
+    (TRANSIENT_ERROR, True),
     (CRASH_LOOP, False),
 )
 FIXABLE = dict(PRECEDENCE)
@@ -142,6 +161,8 @@ class UnitFacts:
     #: InactiveEnterTimestamp): one healed since is still the cause.
     dependencies_down: tuple[tuple[str, int], ...] = ()
     n_restarts: int = 0
+    #: Filesystems (a path the journal names) found full when triage began.
+    full_paths: tuple[str, ...] = ()
     #: When the latest run known to have lasted RAN_WELL_USEC began (0:
     #: none). systemd shows only the current run; sentry remembers the one
     #: before its own restart, which a failure of that restart must not
@@ -179,6 +200,11 @@ class Finding:
             UNIT_FILE: f"unit file {self.subject} changed",
             CRASH_LOOP: "it keeps failing with nothing changed",
             RESOURCE: f"the journal says {self.subject!r}",
+            ACCOUNT_MISSING: "the account it runs as does not exist",
+            DISK_FULL: f"no space left on {self.subject}" if self.subject
+            else "no space left on a filesystem it writes to",
+            OOM_KILLED: "killed for lack of memory",
+            TRANSIENT_ERROR: f"a passing error: {self.subject!r}",
             EXIT: f"{self.subject}",
         }.get(self.kind, self.kind)
         if self.at_usec is not None:
@@ -325,6 +351,13 @@ def _exit(facts: UnitFacts) -> list[Finding]:
     elif facts.exec_main_code in (CLD_KILLED, CLD_DUMPED):
         found.append(Finding(kind=EXIT, subject=f"main process killed by signal "
                                                 f"{facts.exec_main_status}"))
+    if facts.exec_main_code == CLD_EXITED and facts.exec_main_status in (EXIT_USER, EXIT_GROUP):
+        found.append(Finding(kind=ACCOUNT_MISSING, linked=True, evidence=(
+            f"exit status {facts.exec_main_status} (systemd could not resolve User= or "
+            "Group=)",)))
+    if facts.result == "oom-kill":
+        found.append(Finding(kind=OOM_KILLED, linked=True,
+                             evidence=("systemd's result: oom-kill",)))
     if facts.missing_exec or (facts.exec_main_code == CLD_EXITED
                               and facts.exec_main_status == EXIT_EXEC):
         program = facts.missing_exec[0] if facts.missing_exec else \
@@ -345,6 +378,13 @@ def _causes_over_symptoms(found: list[Finding], facts: UnitFacts,
     program introduced the symptom: it is marked as the symptom's cause. A
     unit file created with the unit (`new_units`) changed nothing that
     worked: the program is what is missing."""
+    if any(f.kind == ACCOUNT_MISSING for f in found):
+        # systemd resolves User= at each start: a linked drop-in changed
+        # what the start ran with, the account missing is its symptom.
+        found = [replace(f, introduced=ACCOUNT_MISSING,
+                         evidence=(*f.evidence, "the start after it could not resolve the "
+                                                "unit's account"))
+                 if f.linked and f.kind == DROPIN else f for f in found]
     if not any(f.kind == EXEC_MISSING for f in found):
         return found
     named: dict[str | None, str] = dict(facts.missing_named_by)
@@ -354,6 +394,23 @@ def _causes_over_symptoms(found: list[Finding], facts: UnitFacts,
             if f.linked and f.subject in named and (
                 f.kind == DROPIN or (f.kind == UNIT_FILE and f.subject not in new_units))
             else f for f in found]
+
+
+def _said(journal: Sequence[str], facts: UnitFacts) -> list[Finding]:
+    """What the journal's own words (and the filesystems found full) say:
+    a full disk, a passing error. The last line that says it."""
+    found: list[Finding] = []
+    full = [line for line in journal if any(e in line.lower() for e in FULL_ERRORS)]
+    if full or facts.full_paths:
+        found.append(Finding(
+            kind=DISK_FULL, subject=facts.full_paths[0] if facts.full_paths else None,
+            linked=True, evidence=tuple(f"journal: {line[:160]}" for line in full[-1:])
+            + tuple(f"{path}: its filesystem is full" for path in facts.full_paths)))
+    passing = [line for line in journal if any(e in line.lower() for e in TRANSIENT_ERRORS)]
+    if passing:
+        found.append(Finding(kind=TRANSIENT_ERROR, subject=passing[-1].strip()[:160],
+                             linked=True, evidence=(f"journal: {passing[-1][:160]}",)))
+    return found
 
 
 def _resource(journal: Sequence[str]) -> Finding | None:
@@ -432,6 +489,7 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
                                                     for line in named[:2])))
     found = _causes_over_symptoms(found, facts, {
         c.path for c in changes if c.kind == "unit_file" and c.action == "created"})
+    found += _said(journal, facts)
     resource = _resource(journal)
     if resource is not None:
         found = [_outweighed(finding, failure_usec) for finding in found] + [resource]
@@ -489,7 +547,9 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
                     reason=f"clear the cache the journal names ({cause.subject}), then restart")
     if cause.kind == TRANSIENT:
         return Plan(steps=steps(restart), reason="nothing explains it: restart")
-    if cause.kind in (EXEC_MISSING, CRASH_LOOP) or restarted:
+    if cause.kind == TRANSIENT_ERROR and not restarted:
+        return Plan(steps=steps(restart), reason="a passing error: restart")
+    if cause.kind in (EXEC_MISSING, CRASH_LOOP, ACCOUNT_MISSING, DISK_FULL) or restarted:
         return Plan(reason=f"{cause.summary}: no tool can fix it; a human must")
     return Plan(steps=steps(restart),
                 reason=f"{cause.summary}: no tool can undo it; one restart, then a human")

@@ -6,9 +6,11 @@ Daemons never import each other: only the contracts in syntrop.interfaces.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +34,36 @@ TRIAGE_MODELS = (QWEN_CODER_05B.name, "qwen2.5-coder-1.5b")
 #: Models known to be unfit for triage: never chosen unless configured
 #: (SmolLM2-135M answers "nothing" to every failure under this prompt).
 UNFIT = (SMOLLM2.name,)
+
+
+#: An absolute path in a journal line (quotes and punctuation around it cut).
+PATH = re.compile(r"(?<![\w.~:/-])(/(?:[\w.@+-]+/)*[\w.@+-]+)")
+#: A filesystem with less than this share of its blocks free (or none at
+#: all for the unit's user) counts as full.
+FULL_SHARE = 0.01
+
+
+def named_paths(journal: list[str]) -> list[str]:
+    """The absolute paths the journal lines name, in order, once each."""
+    return list(dict.fromkeys(match for line in journal for match in PATH.findall(line)))
+
+
+def full_filesystems(paths: list[str]) -> tuple[str, ...]:
+    """Those of `paths` whose filesystem is full (statvfs of the path, or
+    of its nearest existing parent), at most one path per filesystem."""
+    full: dict[int, str] = {}
+    for path in paths[:16]:
+        probe = path
+        while probe != "/" and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe)
+            device = os.stat(probe).st_dev
+        except OSError:
+            continue
+        if st.f_blocks and (st.f_bavail == 0 or st.f_bavail / st.f_blocks < FULL_SHARE):
+            full.setdefault(device, path)
+    return tuple(full.values())
 
 
 def choose_model(configured: str | None, held: "list[str] | tuple[str, ...]") -> str | None:
@@ -133,8 +165,12 @@ class Live:
         packages = f", packages: {', '.join(named)}" if named else ""
         seen = "" if isinstance(facts, UnitFacts) else f"; systemd not asked: {facts}"
         seen += "".join(f"; not read: {u}" for u in unread)
+        unit_facts = facts if isinstance(facts, UnitFacts) else None
+        if unit_facts is not None:
+            full = await asyncio.to_thread(full_filesystems, named_paths(journal))
+            unit_facts = dataclasses.replace(unit_facts, full_paths=full)
         return Facts(failure_usec=at, changes=changes, journal=journal, unread=unread,
-                     unit=facts if isinstance(facts, UnitFacts) else None,
+                     unit=unit_facts,
                      tools=tuple(tools) if isinstance(tools, list) else KNOWN_TOOLS,
                      summary=f"{len(changes)} events ({_kinds(changes)}), "
                              f"{len(journal)} journal lines{packages}{seen}")

@@ -236,3 +236,70 @@ def test_the_model_chooses_among_safe_plans_only() -> None:
     assert offered(found, cause, plan) == ["nothing"]
     waiting = f.Cause(kind=f.DEPENDENCY, fixable=True, summary="", subject="db.service")
     assert offered([], waiting, f.Plan()) == ["nothing"]
+
+
+def offered_for(found: list[f.Finding], cause: f.Cause, plan: f.Plan,
+                facts: UnitFacts = RESTARTED) -> list[str]:
+    return [p.describe() for p in f.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
+
+
+def test_a_full_disk_is_a_human_s_and_no_restart_is_offered() -> None:
+    for facts, journal in (
+            (RESTARTED, ("web: write /var/lib/web/log: No space left on device",)),
+            (replace(RESTARTED, full_paths=("/var/lib/web/log",)), ("web: write failed",))):
+        found, cause, plan = decide([], facts, journal=journal)
+        assert (cause.kind, cause.fixable) == (f.DISK_FULL, False), cause
+        assert plan.steps == () and "a human must" in plan.reason
+        assert offered_for(found, cause, plan, facts) == ["nothing"]
+
+
+def test_an_account_that_does_not_exist_is_a_human_s_unless_a_drop_in_set_it() -> None:
+    no_user = replace(RESTARTED, exec_main_status=f.EXIT_USER)
+    found, cause, plan = decide([], no_user)
+    assert cause.kind == f.ACCOUNT_MISSING and plan.steps == ()
+    assert offered_for(found, cause, plan, no_user) == ["nothing"]
+    # A drop-in changed before the start that could not resolve it: its cause.
+    change = Change(kind="dropin", timestamp_usec=FAIL - 10 * S, unit=UNIT, path=DROPIN)
+    found, cause, plan = decide([change], replace(no_user, drop_in_paths=(DROPIN,)))
+    assert (cause.kind, cause.subject) == (f.DROPIN, DROPIN) and tools(plan) == ["revert_dropin"]
+
+
+def test_a_passing_error_is_restarted_even_beside_an_old_dropin() -> None:
+    old = Change(kind="dropin", timestamp_usec=FAIL - 7200 * S, unit=UNIT, path=DROPIN)
+    _found, cause, plan = decide(
+        [old], RESTARTED, trigger="state_failed",
+        journal=("web: upstream 127.0.0.1:5432: connection refused (will retry later)",))
+    assert cause.kind == f.TRANSIENT_ERROR and tools(plan) == ["unit_restart"]
+    assert "a passing error" in cause.summary
+
+
+def test_a_unit_killed_for_memory_gets_one_restart() -> None:
+    oom = replace(RESTARTED, result="oom-kill", exec_main_code=f.CLD_KILLED, exec_main_status=9)
+    _found, cause, plan = decide([], oom, trigger="state_failed")
+    assert (cause.kind, cause.fixable) == (f.OOM_KILLED, False)
+    assert tools(plan) == ["unit_restart"] and "one restart, then a human" in plan.reason
+    _, _, again = decide([], oom, trigger="state_failed", attempts=1)
+    assert again.steps == ()
+
+
+def test_the_paths_a_journal_names_and_which_filesystems_are_full(monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    import os
+
+    from syntrop.sentry import phases
+
+    assert phases.named_paths(['pg: could not write "/srv/pg/wal/x.tmp": No space', "a /b",
+                               "again /srv/pg/wal/x.tmp", "url http://h/p"]) == \
+        ["/srv/pg/wal/x.tmp", "/b"]
+
+    class Vfs:
+        def __init__(self, blocks: int, available: int) -> None:
+            self.f_blocks, self.f_bavail = blocks, available
+
+    sizes = {"/srv": Vfs(1000, 0), "/var": Vfs(1000, 500)}
+    monkeypatch.setattr(os, "statvfs", lambda path: sizes["/" + path.split("/")[1]])
+    monkeypatch.setattr(os.path, "exists", lambda path: path in ("/srv", "/var"))
+    monkeypatch.setattr(os, "stat", lambda path: os.stat_result((0,) * 2 + (hash(path[:4]),)
+                                                                 + (0,) * 7))
+    assert phases.full_filesystems(["/srv/pg/wal/x.tmp", "/var/log/a", "/srv/other"]) == \
+        ("/srv/pg/wal/x.tmp",)

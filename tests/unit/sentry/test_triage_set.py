@@ -14,7 +14,9 @@ from syntrop.sentry import findings
 KINDS = {findings.DEPENDENCY, findings.EXEC_MISSING, findings.STALE_DEFINITION,
          findings.DROPIN, findings.STALE_CACHE, findings.STALE_STATE,
          findings.CONFIG_REPLACED, findings.CONFIG_EDITED, findings.UNIT_FILE,
-         findings.CRASH_LOOP, findings.RESOURCE, findings.TRANSIENT}
+         findings.CRASH_LOOP, findings.RESOURCE, findings.TRANSIENT,
+         findings.ACCOUNT_MISSING, findings.DISK_FULL, findings.OOM_KILLED,
+         findings.TRANSIENT_ERROR}
 
 
 @pytest.fixture(scope="module")
