@@ -73,10 +73,11 @@ def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:
     return found
 
 
-def test_list_tools_describes_the_four_tools(served: tuple[Activated, Path]) -> None:
+def test_list_tools_describes_the_five_tools(served: tuple[Activated, Path]) -> None:
     daemon, _ = served
     tools = {t["name"]: t for t in call(daemon, "ListTools")["tools"]}
-    assert set(tools) == {"daemon_reload", "unit_restart", "revert_dropin", "clear_cache"}
+    assert set(tools) == {"daemon_reload", "unit_restart", "revert_dropin", "clear_cache",
+                          "revert_config"}
     assert tools["revert_dropin"]["reversible"] is True
     assert tools["revert_dropin"]["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
     assert tools["daemon_reload"]["sandbox"] == [] and tools["daemon_reload"]["risk"] == "safe"
@@ -270,7 +271,7 @@ def test_an_unauthorized_uid_is_refused_and_audited(served: tuple[Activated, Pat
     assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     listed = raw_call_as(65534, daemon.socket, {"method": f"{NAME}.ListTools",
                                                 "parameters": {}})
-    assert len(listed["parameters"]["tools"]) == 4
+    assert len(listed["parameters"]["tools"]) == 5
     record = call(daemon, "GetAudit", limit=1)["records"][-1]
     assert (record["uid"], record["decision"], record["error"]) == (
         65534, "denied", "io.syntrop.Tool1.NotAuthorized")

@@ -168,6 +168,104 @@ def test_a_revert_that_makes_things_worse_is_rolled_back(probe: Instance) -> Non
     assert (record["outcome"], record["rolled_back"]) == ("rolled_back", True)
 
 
+CONFIGURED = "toolprobe-conf.service"
+ENV = "/etc/toolprobe-conf/app.env"
+PROGRAM = "/usr/local/bin/toolprobe-conf"
+
+
+@pytest.fixture
+def configured(toold: Instance) -> Iterator[Instance]:
+    """A service reading MODE from its EnvironmentFile= under /etc, active
+    with MODE=good, contextd watching the file."""
+    toold.write(ENV, "MODE=good\n")
+    toold.write(PROGRAM, '#!/bin/sh\n[ "$MODE" = good ] || '
+                         '{ echo "MODE=$MODE is not good" >&2; exit 2; }\nexec sleep infinity\n')
+    toold.run(["chmod", "0755", PROGRAM])
+    toold.write(f"/etc/systemd/system/{CONFIGURED}",
+                f"[Service]\nType=exec\nEnvironmentFile={ENV}\nExecStart={PROGRAM}\n")
+    toold.systemctl("daemon-reload")
+    toold.systemctl("start", CONFIGURED)
+    toold.wait_for_unit(CONFIGURED, ActiveState="active")
+    time.sleep(0.5)  # contextd has indexed the unit's EnvironmentFile=
+    try:
+        yield toold
+    finally:
+        toold.systemctl("stop", CONFIGURED, check=False)
+        toold.run(["rm", "-rf", f"/etc/systemd/system/{CONFIGURED}", "/etc/toolprobe-conf",
+                   PROGRAM], check=False)
+        toold.systemctl("daemon-reload", check=False)
+        toold.systemctl("reset-failed", CONFIGURED, check=False)
+
+
+def _config_events(instance: Instance) -> int:
+    events = call(instance, "ListEvents", interface=CONTEXT, kind="config")["events"]
+    return sum(1 for e in events if e.get("path") == ENV)
+
+
+def _edit(instance: Instance, text: str) -> None:
+    """Write the file and wait until contextd has recorded it (and any
+    second write of the same edit)."""
+    seen = _config_events(instance)
+    instance.write(ENV, text)
+    wait_until("contextd recorded the edit", lambda: _config_events(instance) > seen, 10)
+    time.sleep(0.3)
+
+
+def test_revert_config_repairs_a_unit_broken_by_an_edited_config(configured: Instance) -> None:
+    _edit(configured, "MODE=bad\n")
+    configured.systemctl("restart", CONFIGURED, check=False)
+    configured.wait_for_unit(CONFIGURED, ActiveState="failed")
+
+    dry = call(configured, "Execute", tool="revert_config",
+               parameters={"unit": CONFIGURED, "path": ENV}, dry_run=True)
+    assert dry["outcome"] == "not_run"
+    assert any("-MODE=bad\n+MODE=good" in step for step in dry["plan"]), dry["plan"]
+    assert configured.host_path(ENV).read_text() == "MODE=bad\n", "a dry run wrote"
+
+    result = execute(configured, "revert_config", unit=CONFIGURED, path=ENV)
+    assert result["outcome"] == "succeeded", result
+    assert (result["previous_active_state"], result["active_state"]) == ("failed", "active")
+    assert result["rolled_back"] is False
+    assert result["details"]["source"] == "contextd's history"
+    assert result["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
+    assert configured.host_path(ENV).read_text() == "MODE=good\n"
+    assert configured.run(["stat", "-c", "%a %u:%g", ENV]).stdout.split() == ["644", "0:0"]
+    assert configured.show(CONFIGURED, "ActiveState")["ActiveState"] == "active"
+    record = call(configured, "GetAudit", unit=CONFIGURED, limit=1)["records"][-1]
+    assert (record["id"], record["outcome"]) == (result["action_id"], "succeeded")
+    assert record["details"]["snapshot_id"] > 0
+
+
+def test_revert_config_refuses_paths_it_must_not_touch(configured: Instance) -> None:
+    configured.run(["ln", "-sf", ENV, "/etc/toolprobe-conf/link.env"])
+    for path, why in (("etc/toolprobe-conf/app.env", "absolute"),
+                      ("/etc/toolprobe-conf/../passwd", ".."),
+                      ("/var/lib/x.env", "/etc"),
+                      ("/etc/toolprobe-conf/link.env", "symlink"),
+                      ("/etc/toolprobe-conf", "not a regular file"),
+                      (ENV, "contextd")):
+        error, fields = error_of(configured, "revert_config", unit=CONFIGURED, path=path)
+        assert (error, fields["parameter"]) == (f"{NAME}.InvalidArgument", "path"), (path, fields)
+        assert why in fields["reason"], (path, fields)
+    assert configured.host_path(ENV).read_text() == "MODE=good\n"
+
+
+def test_a_config_revert_that_makes_things_worse_is_rolled_back(configured: Instance) -> None:
+    _edit(configured, "MODE=bad\n")  # version 1: breaks the unit (never applied)
+    time.sleep(2.5)  # a separate change, not the same burst of edits
+    _edit(configured, "MODE=good\n")  # version 2: fine
+    configured.systemctl("restart", CONFIGURED)
+    configured.wait_for_unit(CONFIGURED, ActiveState="active")
+
+    result = execute(configured, "revert_config", unit=CONFIGURED, path=ENV)
+    assert result["outcome"] == "rolled_back", result
+    assert result["rolled_back"] is True
+    assert result["details"]["state_after_revert"] == "failed"
+    assert result["active_state"] == "active"
+    assert configured.host_path(ENV).read_text() == "MODE=good\n"
+    assert configured.show(CONFIGURED, "ActiveState")["ActiveState"] == "active"
+
+
 @pytest.fixture
 def oneshot(toold: Instance) -> Iterator[Instance]:
     toold.write(f"/etc/systemd/system/{ONESHOT}",

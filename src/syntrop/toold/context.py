@@ -7,6 +7,7 @@ next action reconnects. Sandbox availability is probed once, on first use.
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from syntrop.system import sandbox
@@ -108,24 +109,39 @@ class Context:
     async def history(self, directory: str) -> list[Change] | None:
         """contextd's drop-in events for files of `directory`, with diffs;
         None when contextd cannot be asked."""
+        prefix = directory.rstrip("/") + "/"
+
+        def name(path: str) -> str | None:
+            rest = path[len(prefix):]
+            return rest if path.startswith(prefix) and "/" not in rest else None
+
+        return await self._changes("dropin", name)
+
+    async def file_history(self, path: str) -> list[Change] | None:
+        """contextd's events (any kind) for the file `path`, with diffs, each
+        named by the file's base name; None when contextd cannot be asked."""
+        base = path.rpartition("/")[2]
+        return await self._changes(None, lambda seen: base if seen == path else None)
+
+    async def _changes(self, kind: str | None, select: Callable[[str], str | None]
+                       ) -> list[Change] | None:
+        """The newest 16 events `select` names (by the name it returns)."""
         if self.config.context_socket is None:
             return None
         from syntrop.interfaces.context import Context1
         from syntrop.varlink.client import connect
 
-        prefix = directory.rstrip("/") + "/"
         try:
             async with await connect(Context1, address=self.config.context_socket,
                                      timeout=5) as client:
-                events = (await client.ListEvents(kind="dropin", limit=1000))["events"]
-                mine = [e for e in events if (e.path or "").startswith(prefix)
-                        and "/" not in (e.path or "")[len(prefix):]]
+                events = (await client.ListEvents(kind=kind, limit=1000))["events"]
+                mine = [(e, name) for e in events
+                        if (name := select(e.path or "")) is not None]
                 changes = []
-                for event in mine[-16:]:
+                for event, name in mine[-16:]:
                     full = (await client.GetEvent(id=event.id))["event"] if event.has_diff \
                         else event
-                    changes.append(Change(name=(event.path or "")[len(prefix):],
-                                          action=event.action,
+                    changes.append(Change(name=name, action=event.action,
                                           timestamp_usec=event.timestamp_usec,
                                           diff=full.diff))
         except (OSError, TimeoutError) as error:
