@@ -227,7 +227,7 @@ def _chat(**fields: object) -> bytes:
 
 
 def _post(body: bytes, content_type: bytes = b"application/json") -> bytes:
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: %s\r\n"
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: %s\r\n"
             b"content-length: %d\r\n\r\n%s" % (content_type, len(body), body))
 
 
@@ -238,10 +238,11 @@ def http_cases() -> list[tuple[str, bytes, int]]:
     many = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0, "x": [' + \
         b"1.5," * 250_000 + b"1.5]}"
     return [
-        ("declared 16 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-         b"content-length: 16777216\r\n\r\n", 413),
-        ("chunked 2 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-         b"transfer-encoding: chunked\r\n\r\n" + chunk * 32, 413),
+        ("declared 16 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+         b"content-type: application/json\r\ncontent-length: 16777216\r\n\r\n", 413),
+        ("chunked 2 MiB", b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+         b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n" + chunk * 32,
+         413),
         ("array 100,000 deep", _post(b"[" * deep + b"]" * deep), 400),
         ("field 500,000 deep", _post(b'{"model": "m", "x": ' + b"[" * 500_000 +
                                      b"]" * 500_000 + b"}"), 400),
@@ -286,7 +287,7 @@ def peak_rss_mib(pid: int) -> float:
 def http_abuse(port: int, pid: int, rounds: int) -> bool:
     """routerd's HTTP cases, `rounds` times each; prints and returns
     whether every answer was right and the peak RSS within ROUTERD_HIGH."""
-    while http_exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n") != 200:
+    while http_exchange(port, b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n") != 200:
         time.sleep(0.1)
     idle, peak = rss_mib(pid), peak_rss_mib(pid)
     cases, wrong = http_cases(), []
@@ -295,7 +296,7 @@ def http_abuse(port: int, pid: int, rounds: int) -> bool:
             got = http_exchange(port, data)
             if got != expected:
                 wrong.append(f"{name}: {got} (not {expected})")
-    alive = http_exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n") == 200
+    alive = http_exchange(port, b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n") == 200
     after, high = rss_mib(pid), peak_rss_mib(pid)
     ok = alive and not wrong and high <= ROUTERD_HIGH / MiB
     print(f"{'routerd':15} {rounds} x {len(cases)} hostile HTTP requests: "

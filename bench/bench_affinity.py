@@ -396,7 +396,8 @@ class Busy:
 
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         self.connection.request(
-            "POST", "/v1/completions", headers={"x-syntrop-forwarded": "1"},
+            "POST", "/v1/completions",
+            headers={"content-type": "application/json", "x-syntrop-forwarded": "1"},
             body=json.dumps({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3500,
                              "temperature": 0, "stream": True}))
         response = self.connection.getresponse()

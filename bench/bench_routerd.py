@@ -219,7 +219,7 @@ def _concurrent(port: int, pid: int, clients: int, each: int) -> tuple[dict[int,
         while not done.wait(0.02):
             peak[0] = max(peak[0], _rss_mib(pid))
 
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
                b"content-type: application/json\r\nauthorization: Bearer " + KEY.encode()
                + b"\r\ncontent-length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
 

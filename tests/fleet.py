@@ -94,7 +94,8 @@ def records(endpoint: str, prefix: str = "/syntrop/fleet/nodes/") -> dict[str, A
     host, _, port = endpoint.removeprefix("http://").partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=5)
     try:
-        connection.request("POST", "/v3/kv/range", body=body)
+        connection.request("POST", "/v3/kv/range", body=body,
+                           headers={"content-type": "application/json"})
         found = json.loads(connection.getresponse().read()).get("kvs", [])
     finally:
         connection.close()

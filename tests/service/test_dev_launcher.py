@@ -221,7 +221,8 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
             assert moved_up.returncode == 0, moved_up.stderr
             assert f"OpenAI API: http://127.0.0.1:{moved}/v1" in moved_up.stdout
             with socket.create_connection(("127.0.0.1", moved), timeout=10) as probe:
-                probe.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                probe.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                              b"connection: close\r\n\r\n")
                 assert probe.recv(64).startswith(b"HTTP/1.1 ")
         finally:
             syn("down", directory=other)

@@ -31,6 +31,9 @@ if shutil.which("etcd") is None:
     pytest.skip("etcd is not installed (package etcd-server: scripts/apt-deps)",
                 allow_module_level=True)
 
+#: What routerd takes a POST body as (anything else is 415).
+JSON = {"content-type": "application/json"}
+
 
 def system(topic: str) -> str:
     """A system prompt of about 500 tokens."""
@@ -48,7 +51,7 @@ def ask(port: int, topic: str, question: str) -> tuple[float, str]:
     started = time.monotonic()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
-        connection.request("POST", "/v1/chat/completions", body=json.dumps(body))
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=JSON)
         response = connection.getresponse()
         response.read()
         assert response.status == 200
@@ -196,7 +199,7 @@ def test_a_node_killed_mid_stream_is_continued_on_another_word_for_word(
     for topic in ("rivers", "mountains", "forests", "deserts", "oceans", "islands"):
         connection = http.client.HTTPConnection("127.0.0.1", ports["a"], timeout=120)
         connection.request("POST", "/v1/chat/completions",
-                           body=json.dumps(chat_body(topic, False)))
+                           body=json.dumps(chat_body(topic, False)), headers=JSON)
         response = connection.getresponse()
         whole = json.loads(response.read())["choices"][0]["message"]["content"]
         home = str(response.getheader("x-syntrop-provider"))
@@ -206,7 +209,8 @@ def test_a_node_killed_mid_stream_is_continued_on_another_word_for_word(
     assert home.startswith("fleet:") and len(whole) >= 20, (home, whole)
     victim = home.removeprefix("fleet:")
     connection = http.client.HTTPConnection("127.0.0.1", ports["a"], timeout=120)
-    connection.request("POST", "/v1/chat/completions", body=json.dumps(chat_body(topic, True)))
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(chat_body(topic, True)),
+                       headers=JSON)
     response = connection.getresponse()
     assert response.getheader("x-syntrop-provider") == home
     text, comments, killed = "", [], False

@@ -277,7 +277,8 @@ def test_routerd_stays_up_and_marks_the_failure(node: Node) -> None:
     # The next request goes straight to the backup: the primary's breaker is open.
     connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
     connection.request("POST", "/v1/completions", body=json.dumps(
-        {"model": "m", "prompt": PROMPT, "stream": True}))
+        {"model": "m", "prompt": PROMPT, "stream": True}),
+                       headers={"content-type": "application/json"})
     response = connection.getresponse()
     assert response.status == 200 and b"data: [DONE]" in response.read()
     connection.close()

@@ -168,7 +168,8 @@ class Node:
     def chat(self, stream: bool = False, timeout: float = 30) -> tuple[int, str]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         connection.request("POST", "/v1/chat/completions", body=json.dumps(
-            {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "go"}]}))
+            {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "go"}]}),
+            headers={"content-type": "application/json"})
         response = connection.getresponse()
         raw = response.read().decode()
         connection.close()
@@ -245,7 +246,8 @@ def test_fleet_membership_and_its_faults(
     def stream() -> None:
         connection = http.client.HTTPConnection("127.0.0.1", a.port, timeout=60)
         connection.request("POST", "/v1/chat/completions", body=json.dumps(
-            {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}))
+            {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}),
+            headers={"content-type": "application/json"})
         response = connection.getresponse()
         while line := response.readline():
             lines.append(line.decode())

@@ -48,7 +48,8 @@ def post(port: int, body: dict[str, Any],
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
         connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                           headers={"x-syntrop-forwarded": "1"} if forwarded else {})
+                           headers={"content-type": "application/json",
+                                    **({"x-syntrop-forwarded": "1"} if forwarded else {})})
         response = connection.getresponse()
         answer = json.loads(response.read())
         assert response.status == 200, answer
@@ -64,7 +65,8 @@ class Busy:
     def __init__(self, port: int) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         self.connection.request(
-            "POST", "/v1/completions", headers={"x-syntrop-forwarded": "1"},
+            "POST", "/v1/completions",
+            headers={"content-type": "application/json", "x-syntrop-forwarded": "1"},
             body=json.dumps({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,
                              "temperature": 0, "stream": True}))
         self.response = self.connection.getresponse()

@@ -299,7 +299,8 @@ def test_a_bad_response_format_is_a_400_naming_it(node: Node, body: dict[str, An
                                                    param: str, words: str) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", node.port, timeout=60)
     connection.request("POST", "/v1/chat/completions", body=json.dumps(
-        {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **body}))
+        {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **body}),
+        headers={"content-type": "application/json"})
     response = connection.getresponse()
     error = json.loads(response.read())["error"]
     connection.close()

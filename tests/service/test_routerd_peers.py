@@ -118,7 +118,8 @@ tls_key = "{certs}/client.key"
 def test_requests_go_through_the_peer_over_mutual_tls(pair: Pair) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", pair.b_port, timeout=20)
     connection.request("POST", "/v1/chat/completions", body=json.dumps(
-        {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}))
+        {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}),
+        headers={"content-type": "application/json"})
     response = connection.getresponse()
     answer = json.loads(response.read())
     connection.close()

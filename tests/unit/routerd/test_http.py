@@ -5,6 +5,7 @@ gateway that only records what it was asked."""
 
 import asyncio
 import json
+import os
 import socket
 import tempfile
 from pathlib import Path
@@ -144,3 +145,53 @@ def test_an_activated_socket_beyond_loopback_without_keys_is_refused() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         asyncio.run(run(sock, Config(listen=())))
+
+
+class Fleet:
+    """A node's gateway as its peers reach it: answers a chat, a prefill
+    and /health, and remembers what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, bool]] = []
+
+    async def handle(self, method: str, path: str, body: bytes, traffic: str = USER,
+                     forwarded: bool = False, caller: str = "") -> Response:
+        self.asked.append((method, path, forwarded))
+        if path == "/health":
+            return Response(200, b'{"status": "ok"}')
+        if path == "/v1/syntrop/prefill":
+            return Response(200, b"state")
+        return Response(200, b'{"choices": []}')
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
+def test_a_peer_over_plain_tcp_is_served_not_refused(name: str) -> None:
+    """What routerd sends a fleet member over plain HTTP (its advertised
+    endpoint) passes that member's Host and JSON checks: no 421, no 415."""
+    from syntrop.routerd.config import ProviderConfig
+    from syntrop.routerd.providers.peer import PeerProvider
+
+    async def run() -> list[tuple[str, str, bool]]:
+        gateway = Fleet()
+        server = HTTPServer(gateway, Config(listen=()))  # type: ignore[arg-type]
+        await server.start(("127.0.0.1:0",))
+        port = int(server.addresses[0].rpartition(":")[2])
+        peer = PeerProvider(ProviderConfig(id="fleet:b", kind="peer", tier="lan",
+                                           endpoint=f"http://{name}:{port}/v1", timeout=10))
+        try:
+            await peer.advertise()
+            assert await peer.complete("chat/completions", {"model": "m", "messages": []})
+            fd = await peer.prefill({"model": "m", "messages": []})
+            try:
+                assert os.pread(fd, 16, 0) == b"state"
+            finally:
+                os.close(fd)
+        finally:
+            for _, writer in peer.idle:
+                writer.close()
+            await server.close()
+        return gateway.asked
+
+    assert asyncio.run(run()) == [("GET", "/health", True),
+                                  ("POST", "/v1/chat/completions", True),
+                                  ("POST", "/v1/syntrop/prefill", True)]
