@@ -16,7 +16,7 @@ import pytest
 
 from tests import isolation
 
-TIERS = ("unit", "service", "system")
+TIERS = ("unit", "service", "system", "security")
 _ROOT = Path(__file__).parent
 
 

@@ -273,16 +273,24 @@ class Engine:
         template = self.metadata.get("tokenizer.chat_template")
         if template is None:
             raise LoadError("the model has no chat template")
+        from jinja2 import TemplateError
+
         model = self._llama._model
         eos, bos = self._llama.token_eos(), self._llama.token_bos()
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=model.token_get_text(eos) if eos != -1 else "",
-            bos_token=model.token_get_text(bos) if bos != -1 else "",
-            add_generation_prompt=not continue_last,
-        )
         turns: Any = [{"role": r, "content": c} for r, c in messages]
-        response = formatter(messages=turns)
+        try:
+            formatter = Jinja2ChatFormatter(
+                template=template,
+                eos_token=model.token_get_text(eos) if eos != -1 else "",
+                bos_token=model.token_get_text(bos) if bos != -1 else "",
+                add_generation_prompt=not continue_last,
+            )
+            response = formatter(messages=turns)
+        except (TemplateError, OverflowError) as error:
+            # The GGUF's template is attacker text: the sandbox's refusals
+            # (unsafe attributes, huge ranges) and its syntax errors are
+            # the model's fault, answered as such.
+            raise LoadError(f"the chat template failed: {str(error)[:200]}") from None
         if continue_last:
             text = messages[-1][1]
             at = response.prompt.rfind(text) if text else -1
