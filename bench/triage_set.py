@@ -37,9 +37,10 @@ from syntrop.sentry.findings import Cause, Change, Finding, Plan, UnitFacts
 S = 1_000_000
 #: The failure's time (realtime microseconds); the set's times are relative to it.
 FAILURE = 1_800_000_000 * S
-TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache")
+TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config")
 
 REVERT = ("revert_dropin",)
+REVERT_CONFIG = ("revert_config",)
 CLEAR = ("clear_cache", "unit_restart")
 RELOAD = ("daemon_reload", "unit_restart")
 RESTART = ("unit_restart",)
@@ -342,9 +343,10 @@ TUNING: tuple[Incident, ...] = (
     _transient("render.service", "render: killed by the OOM killer", signal=9,
                old_dropin=False),
     _transient("sync.service", "sync: lost connection to peer, exiting", signal=6),
-    # A typo in a config edited a second before: a restart repeats it.
+    # A typo in a config edited a second before: a restart repeats it; the
+    # edit is put back.
     _config("pl-edit.service", "/etc/pl-edit/pl-edit.conf", None,
-            "pl-edit: parse error in /etc/pl-edit/pl-edit.conf line 3", NOTHING),
+            "pl-edit: parse error in /etc/pl-edit/pl-edit.conf line 3", REVERT_CONFIG),
     _config("scenario-app.service", "/etc/scenario-app/app.env", "syntrop-scenario-app",
             "scenario-app: environment changed, exiting"),
     _config("dns.service", "/etc/dns/zones.conf", "dns-server",
@@ -444,10 +446,11 @@ HELD_OUT: tuple[Incident, ...] = tuple(replace(incident, held_out=True) for inci
     _oom("thumbnailer.service", "thumbnailer: Out of memory: Killed process 4121 (thumbnailer)",
          ran=3 * 3600),
     _config("nginx-edge.service", "/etc/nginx-edge/nginx.conf", None,
-            'nginx-edge: unexpected "}" in /etc/nginx-edge/nginx.conf:41', NOTHING, seconds=-6),
+            'nginx-edge: unexpected "}" in /etc/nginx-edge/nginx.conf:41', REVERT_CONFIG,
+            seconds=-6),
     _config("redis-cache.service", "/etc/redis-cache/redis.conf", None,
             "redis-cache: Bad directive or wrong number of arguments at line 112",
-            NOTHING, seconds=-3),
+            REVERT_CONFIG, seconds=-3),
     _config("haproxy.service", "/etc/haproxy/haproxy.cfg", "haproxy",
             "haproxy: configuration changed on disk, exiting for a clean start"),
     _config("ntpd.service", "/etc/ntpd/ntp.conf", "ntp-server",

@@ -29,13 +29,13 @@ free); the failure is `suffix_messages()`, prefilled per failure: short,
 because under load prefill runs at about 70 tokens/s and each answer
 token costs a decode step (60-70 ms).
 
-Measured (bench/bench_triage.py, 75 labelled failures, every plan that
+Measured (bench/bench_triage.py, 77 labelled failures, every plan that
 could apply offered, tuned on the tuning half only; docs/BENCHMARKS.md):
-Qwen2.5-Coder-0.5B right in 59.7 % of the held-out half (the rules alone
-66.7 %, always restart 26.4 %), 73.1 % of the tuning half; where a restart
-is offered and wrong it chose restart in 14 of 52 held-out runs. The
-examples show the offer as sentry makes it (restart beside undo, reload
-and clear): before they did, the model took the restart in 34 of those 52.
+Qwen2.5-Coder-0.5B right in 67.6 % of the held-out half (the rules alone
+81.1 %, always restart 35.1 %), 72.5 % of the tuning half; where a restart
+is offered and wrong it chose restart in 5 of 23 held-out failures. The
+examples show the offer as sentry makes it (restart beside undo, reload,
+clear and revert): before they did, it took that restart in 17 of 26.
 The failure's turn is 72 tokens at most, 38 at the median (ChatML
 included), the answer 3 tokens. The examples' order matters to a 0.5B
 model (the last ones pull its answer): measured, keep it or measure again.
@@ -68,6 +68,7 @@ SYSTEMD_LINES = re.compile(
 #: the model's vocabulary, so the answer is three ("undo" and its quotes).
 NAMES: dict[tuple[str, ...], str] = {
     ("revert_dropin",): "undo",
+    ("revert_config",): "revert",
     ("clear_cache", "unit_restart"): "clear",
     ("daemon_reload", "unit_restart"): "reload",
     ("unit_restart",): "restart",
@@ -81,6 +82,8 @@ SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its 
           "undo: revert the drop-in that changed just before the failure: it broke the "
           "start (the journal names the drop-in or a setting or option it sets, or the "
           "missing program is the one it points at, its name in the drop-in's name);\n"
+          "revert: put back a config file edited just before the failure (the journal "
+          "names an error in it or its setting);\n"
           "clear: the journal names a corrupt file in the cache: clear it, then restart;\n"
           "reload: systemd runs an old definition: reload, then restart;\n"
           "restart: only a crash or a passing error with nothing changed (a signal, "
@@ -208,7 +211,12 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
              ["chat: segfault at 0000000000000008"], ["restart", "nothing"], "restart"),
     _example("lb.service", ["main process exited with status 1",
                             "config /etc/lb/lb.conf edited 2 s before the failure"],
-             ["lb: syntax error in /etc/lb/lb.conf line 9"], ["restart", "nothing"], "nothing"),
+             ["lb: syntax error in /etc/lb/lb.conf line 9"], ["revert", "restart", "nothing"],
+             "revert"),
+    _example("irc.service", ["main process exited with status 1",
+                             "the journal says 'irc: bind 0.0.0.0:6667: Address already in use'"],
+             ["irc: bind 0.0.0.0:6667: Address already in use"], ["restart", "nothing"],
+             "nothing"),
     _example("wiki.service", ["main process exited with status 1",
                               "drop-in /etc/systemd/system/wiki.service.d/override.conf changed "
                               "9 s before the failure",

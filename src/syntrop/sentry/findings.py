@@ -15,6 +15,8 @@ failure:
   does. A recent change without such a link is reported, never undone;
 - a failed dependency takes precedence over everything of the unit's own:
   systemd's `dependency` job result says the unit never got to run;
+- a config file edited by hand is put back (revert_config) where toold
+  offers it, else it is a human's (one restart);
 - a cause beats its symptom: a linked drop-in or unit file that names the
   program found missing is the cause, not the missing program;
 - when nothing is linked, the cause is what systemd and the journal say (a
@@ -545,6 +547,10 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
     if cause.kind == STALE_CACHE:
         return Plan(steps=steps(Step(tool="clear_cache", parameters={"unit": unit}), restart),
                     reason=f"clear the cache the journal names ({cause.subject}), then restart")
+    if cause.kind == CONFIG_EDITED and cause.subject and "revert_config" in have:
+        return Plan(steps=(Step(tool="revert_config",
+                                parameters={"unit": unit, "path": cause.subject}),),
+                    reason=f"put back the config file edited before it ({cause.subject})")
     if cause.kind == TRANSIENT:
         return Plan(steps=steps(restart), reason="nothing explains it: restart")
     if cause.kind == TRANSIENT_ERROR and not restarted:
@@ -583,6 +589,8 @@ def candidates(found: Sequence[Finding], rules: Plan, cause: Cause, unit: str,
     if cause.kind == DEPENDENCY and facts.failed_dependencies:
         return [*offered, Plan(reason="no action")]
     fixable = {kind for kind, can in PRECEDENCE if can} - {DEPENDENCY}
+    if "revert_config" in have:
+        fixable.add(CONFIG_EDITED)  # an edit toold can put back
     for finding in found:
         if finding.linked and finding.kind in fixable and finding.kind != cause.kind:
             offer(plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,

@@ -303,3 +303,20 @@ def test_the_paths_a_journal_names_and_which_filesystems_are_full(monkeypatch: p
                                                                  + (0,) * 7))
     assert phases.full_filesystems(["/srv/pg/wal/x.tmp", "/var/log/a", "/srv/other"]) == \
         ("/srv/pg/wal/x.tmp",)
+
+
+def test_a_config_edited_by_hand_is_put_back_where_toold_offers_it() -> None:
+    config = Change(kind="config", timestamp_usec=FAIL - 2 * S, unit=UNIT,
+                    path="/etc/web/web.env", action="modified")
+    found = f.find(UNIT, "state_failed", [config], ["web: bad MODE in /etc/web/web.env"],
+                   RESTARTED, FAIL)
+    cause = f.cause(found, FAIL)
+    with_tool = (*TOOLS, "revert_config")
+    plan = f.plan(cause, UNIT, with_tool, RESTARTED)
+    assert [s.wire() for s in plan.steps] == [
+        {"tool": "revert_config", "parameters": {"unit": UNIT, "path": "/etc/web/web.env"}}]
+    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, RESTARTED,
+                                               FAIL)] == ["revert_config", "unit_restart",
+                                                          "nothing"]
+    # Without the tool: one restart, as before.
+    assert tools(f.plan(cause, UNIT, TOOLS, RESTARTED)) == ["unit_restart"]
