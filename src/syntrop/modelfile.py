@@ -2,7 +2,8 @@
 license, and the scalar metadata (layers, heads, context) the memory a
 model needs is computed from. Shared by modeld (what it stores) and runtimed
 (what it leases before it loads). A pure reader of the file's header, with
-limits, for GGUF and safetensors.
+limits, for GGUF and safetensors, and ONNX by its first bytes (a voice:
+runtimed's Speak; its header holds nothing the store uses).
 
 Why not gguf.GGUFReader: it materialises every array of the header (the
 tokenizer's 49,152 tokens and merges) as numpy objects and maps every
@@ -84,9 +85,25 @@ def read(stream: "BinaryIO | io.RawIOBase") -> ModelInfo:
         if len(head) < 8:
             raise InvalidModel("the header is truncated")
         return _gguf(stream, head)
+    if _onnx(head):
+        return ModelInfo(format="onnx")
     if len(head) == 8:
         return _safetensors(stream, struct.unpack("<Q", head)[0])
     raise InvalidModel("not a GGUF or safetensors file")
+
+
+#: Protocol buffer tags that follow ModelProto's ir_version (field 1): its
+#: producer_name, producer_version, domain, model_version, doc_string,
+#: graph and opset_import.
+_ONNX_NEXT = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42})
+
+
+def _onnx(head: bytes) -> bool:
+    """Whether `head` begins an ONNX ModelProto: ir_version first (tag 8, a
+    one-byte version of 3 to 15), then one of the fields that follow it.
+    (A safetensors header that began so would be over a megabyte long
+    with these very low bytes; none is.)"""
+    return len(head) == 8 and head[0] == 0x08 and 3 <= head[1] <= 15 and head[2] in _ONNX_NEXT
 
 
 class _PositionalReader(io.RawIOBase):

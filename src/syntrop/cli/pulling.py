@@ -117,7 +117,8 @@ class _Retry(Exception):
 
 
 #: `syn pull packaged:NAME`: a model that packages installed beside
-#: syntrop carry (syntrop.packaged), registered under NAME, pinned.
+#: syntrop carry (syntrop.packaged: models and voices), registered under
+#: NAME, pinned.
 PACKAGED = "packaged:"
 
 
@@ -127,9 +128,9 @@ def _packaged(args: argparse.Namespace) -> str:
     from syntrop import packaged
 
     wanted = args.reference.removeprefix(PACKAGED)
-    model = next((m for m in packaged.DEFAULTS if m.name == wanted), None)
+    model = next((m for m in packaged.KNOWN if m.name == wanted), None)
     if model is None:
-        known = ", ".join(PACKAGED + m.name for m in packaged.DEFAULTS)
+        known = ", ".join(PACKAGED + m.name for m in packaged.KNOWN)
         raise CliError(f"{args.reference}: no such packaged model (known: {known})")
     try:
         path = packaged.locate(model)

@@ -265,6 +265,10 @@ class Runtime1ChatReply(TypedDict):
     chunk: runtime.Chunk
 
 
+class Runtime1SpeakReply(TypedDict):
+    packet: runtime.SpeechPacket
+
+
 class Runtime1DecodeReply(TypedDict):
     chunk: runtime.Chunk
 
@@ -307,6 +311,15 @@ class Runtime1Client(Connection, Protocol):
         model: str,
         input: list[str],
     ) -> runtime.EmbedResult: ...
+
+    def Speak(
+        self,
+        *,
+        model: str,
+        text: str,
+        voice: str | None = None,
+        speed: float | None = None,
+    ) -> AsyncGenerator[Runtime1SpeakReply, None]: ...
 
     async def OpenSession(
         self,

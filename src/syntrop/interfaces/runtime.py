@@ -227,6 +227,26 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechPacket:
+    """A piece of speech: mono signed 16-bit little-endian PCM at 24,000 Hz.
+
+    Fields:
+        audio: The samples, base64; at most 480 (20 ms), empty on the last
+            reply.
+        samples: Samples it holds.
+        sample_rate: 24000.
+        sentence: The sentence of the text it belongs to, from 0.
+        total_samples: On the last reply: samples sent in all.
+    """
+
+    audio: str
+    samples: int
+    sample_rate: int
+    sentence: int
+    total_samples: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Chunk:
     """A piece of generated text.
 
@@ -524,6 +544,17 @@ class InvalidModel(TypedVarlinkErrorReply, interface=NAME):
         reason: str
 
 
+class NotAVoice(TypedVarlinkErrorReply, interface=NAME):
+    """Speak was asked of a model that is no voice (a GGUF language model).
+
+    Parameters:
+        model: The model.
+    """
+
+    class Parameters:
+        model: str
+
+
 class SessionNotFound(TypedVarlinkErrorReply, interface=NAME):
     """No open session has this identifier.
 
@@ -777,6 +808,7 @@ class Runtime1(Interface, name=NAME):
         ModelNotFound,
         WeightsMismatch,
         InvalidModel,
+        NotAVoice,
         SessionNotFound,
         StaleOwner,
         ContextOverflow,
@@ -872,6 +904,25 @@ class Runtime1(Interface, name=NAME):
         Returns:
             embeddings: One vector per text, in order.
             dimensions: Length of each vector.
+        """
+
+    @method(return_parameter="packet")
+    def Speak(
+        self, *, model: str, text: str, voice: str | None = None, speed: float | None = None,
+    ) -> AsyncIterator[SpeechPacket]:
+        """Speak a text with a voice model (an ONNX voice in modeld), sentence
+        by sentence: the first packets come while later sentences are still
+        being synthesized. Call with "more".
+
+        Parameters:
+            model: Voice name in modeld.
+            text: What to say: 1 to 4,096 characters.
+            voice: A speaker of a voice that has several; null for its first.
+            speed: 0.5 to 2.0 times the voice's pace; null for 1.
+
+        Returns:
+            packet: The next 20 ms (or less) of speech; the last reply has no
+                audio and the total.
         """
 
     @method

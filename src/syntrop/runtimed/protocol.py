@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from syntrop.runtimed.sampling import Params
 
+#: The rate of every speech packet (Runtime1.Speak; speech.py makes them).
+SPEECH_RATE = 24_000
+
 #: KV-cache element types (ggml type ids); the quantised ones need flash
 #: attention in llama.cpp.
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
@@ -137,7 +140,9 @@ class Exit:
 @dataclass(frozen=True, slots=True)
 class Piece:
     """A stream's text: `kind` is "piece" (the answer) or "think"; `first`
-    carries the first token's times (received, started, at) once."""
+    carries the first token's times (received, started, at) once. A
+    speech stream's `kind` is "audio": `text` is a packet's PCM in base64
+    and `tokens` the index of its sentence."""
 
     id: int
     kind: str
@@ -224,7 +229,7 @@ def decode(wire: dict[str, Any]) -> Message:
             return Exit()
         return Request(rid, op, dict(wire.get("args") or {}))
     event = str(wire.get("event", ""))
-    if event in ("piece", "think"):
+    if event in ("piece", "think", "audio"):
         return Piece(rid, event, str(wire.get("text", "")), int(wire.get("tokens", 0)),
                      wire.get("logprobs"), first)
     if event == "done":

@@ -298,7 +298,7 @@ class Residency:
                 resident.cgroup = self.cgroups.place(worker.pid)
                 resident.lease = await self._lease(resident)
                 placed = self._place(resident, metadata, slots)
-                loaded = await worker.request("load", {"name": name,
+                loaded = await worker.request("load", {"name": name, "digest": digest,
                                                        "placement": placed.to_wire()},
                                               [fd], label="load")
                 resident.placement = loaded.get("placement")

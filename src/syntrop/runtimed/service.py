@@ -15,6 +15,10 @@ first (checks.py); models, their workers and keep-alive are residency.py's.
 The face's own errors become the contract's in one table (ERRORS);
 a worker's come as the declared errors they name (supervisor.py).
 
+Speak runs a voice (an ONNX model in modeld) in an engine worker like any
+model's (worker/voice.py): same process, same residency, same slots; its
+packets are relayed as they are cut.
+
 Streams (Complete, Chat, Decode) are relayed by streams.py: each piece the
 worker sends goes out at once; when the client goes away the call is
 cancelled in the worker, and its slot and model go back once the worker
@@ -67,7 +71,7 @@ from syntrop.runtimed.seats import Seat, Seats, Session, completed
 from syntrop.runtimed.sessions import StaleSession, UnknownSession
 from syntrop.runtimed.slots import Slots, SlotsBusy
 from syntrop.runtimed.spill import SpillStore
-from syntrop.runtimed.streams import relay
+from syntrop.runtimed.streams import relay, relay_speech
 from syntrop.runtimed.supervisor import Call, WorkerGone
 from syntrop.varlink import InvalidParameter, authz, current_peer, implements
 
@@ -81,6 +85,10 @@ MAX_TEXT = 1 << 20
 MAX_MESSAGES = 256
 MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
+#: Most characters one Speak says.
+MAX_SPEECH = 4096
+#: Speak's pace, as a factor of the voice's.
+SPEEDS = (0.5, 2.0)
 #: Most tokens one Decode of a session with sinks may generate.
 MAX_STREAM_TOKENS = 1 << 20
 
@@ -341,6 +349,32 @@ class RuntimeService(Runtime1):
         vectors = result["vectors"]
         return {"embeddings": [Embedding(vector=v) for v in vectors],
                 "dimensions": len(vectors[0]) if vectors else 0}
+
+    @implements
+    async def Speak(
+        self, *, model: str, text: str, voice: str | None = None, speed: float | None = None,
+    ) -> AsyncIterator[AnnotatedResult]:
+        if not text.strip() or len(text) > MAX_SPEECH or "\0" in text:
+            raise InvalidParameter(parameter="text")
+        if voice is not None and not 0 < len(voice) <= 256:
+            raise InvalidParameter(parameter="voice")
+        if speed is not None and not SPEEDS[0] <= speed <= SPEEDS[1]:
+            raise InvalidParameter(parameter="speed")
+        held = contextlib.ExitStack()
+        try:
+            resident = await self._hold(model)
+            held.callback(resident.release)
+            await self._slot()
+            held.callback(self.slots.release)
+            call = self._open(resident, "speak", {"model": model, "text": text,
+                                                  "voice": voice, "speed": speed},
+                              label="Speak")
+        except BaseException:
+            held.close()
+            raise
+        with contract():
+            async for reply in relay_speech(resident.worker, call, done=held.close):
+                yield reply
 
     # sessions -------------------------------------------------------------------
 

@@ -14,6 +14,10 @@ once: before the last reply goes out when the worker finishes (so the
 client's next call finds the slot free), or, when the client leaves first,
 once the worker has stopped the cancelled call (or died).
 
+Speech (Speak) has a relay of its own, `relay_speech`: each `audio` piece
+(one packet of PCM, base64) goes out as a reply of its own, never joined,
+so a packet stays 20 ms at most.
+
 Tracing: with a trace file, each stream appends one JSON line of
 CLOCK_MONOTONIC times (system-wide, so the worker's count too): the call's
 arrival, the engine starting on it and sampling its first token (in the
@@ -30,8 +34,9 @@ from typing import Any
 
 from asyncvarlink import AnnotatedResult
 
-from syntrop.interfaces.runtime import Chunk, TokenLogprob, TopLogprob
+from syntrop.interfaces.runtime import Chunk, SpeechPacket, TokenLogprob, TopLogprob
 from syntrop.runtimed import protocol
+from syntrop.runtimed.protocol import SPEECH_RATE as RATE
 from syntrop.runtimed.supervisor import Call, Gone, WorkerProcess
 
 #: The counts a last chunk may carry.
@@ -154,3 +159,42 @@ async def relay(worker: WorkerProcess, call: Call, *, done: Callable[[], None], 
             with contextlib.suppress(OSError), open(trace, "a") as file:
                 file.write(json.dumps(times) + "\n")
 
+
+
+def _packet(piece: protocol.Piece) -> SpeechPacket:
+    """An audio piece as a packet: its samples counted from the base64."""
+    size = len(piece.text) * 3 // 4 - (len(piece.text) - len(piece.text.rstrip("=")))
+    return SpeechPacket(audio=piece.text, samples=size // 2, sample_rate=RATE,
+                        sentence=piece.tokens)
+
+
+async def relay_speech(worker: WorkerProcess, call: Call, *, done: Callable[[], None],
+                       ) -> AsyncIterator[AnnotatedResult]:
+    """Stream a Speak call's packets as replies, one each, as they come;
+    the last reply has no audio and the total. `done` runs once, when the
+    worker is done with the call (at once, or after a cancel it asked for
+    when the client left)."""
+    finished = False
+    try:
+        while True:
+            message, _ = await call.events.get()
+            if isinstance(message, protocol.Failed | Gone):
+                finished = True
+                done()
+                raise worker.error(message)
+            if isinstance(message, protocol.Done):
+                finished = True
+                done()
+                total = int(message.result.get("total_samples", 0))
+                yield AnnotatedResult({"packet": SpeechPacket(
+                    audio="", samples=0, sample_rate=RATE, sentence=-1, total_samples=total)},
+                    continues=False)
+                return
+            yield AnnotatedResult({"packet": _packet(message)}, continues=True)
+    finally:
+        if not finished:
+            worker.cancel(call)
+            if call.finished.done():
+                done()
+            else:
+                call.finished.add_done_callback(lambda _: done())

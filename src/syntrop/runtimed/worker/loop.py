@@ -36,6 +36,7 @@ from syntrop.runtimed import protocol
 
 if TYPE_CHECKING:
     from syntrop.interfaces.runtime import InvalidConstraint
+    from syntrop.runtimed.worker.voice import Voice
 
 logger = logging.getLogger("syntrop.runtimed.worker")
 
@@ -73,6 +74,12 @@ class WireSink:
     def think(self, text: str, tokens: int,
               logprobs: list[dict[str, Any]] | None = None) -> None:
         self._piece("think", text, tokens, logprobs)
+
+    def audio(self, packet: bytes, sentence: int) -> None:
+        """A speech packet (voice.py), base64, with its sentence's index."""
+        from syntrop.runtimed.worker.voice import encode
+
+        self._piece("audio", encode(packet), sentence, None)
 
     def first(self) -> None:
         # Times for runtimed's trace, carried by the first piece rather than
@@ -134,6 +141,8 @@ class Loop:
         self.host = host
         self.choice = choice
         self.running: dict[int, threading.Event] = {}
+        #: The voice this worker hosts instead of a GGUF model (voice.py).
+        self.voice: Voice | None = None
         self._lock = threading.Lock()
         # Threads kept for the next request (starting one costs more than
         # the hop from runtimed); runtimed's slots bound how many run.
@@ -197,6 +206,14 @@ class Loop:
 
     def dispatch(self, op: str, args: dict[str, Any], fds: list[int],
                  sink: WireSink) -> tuple[dict[str, Any], list[int]]:
+        if op in ("speak", "load") or self.voice is not None:
+            spoken = self._voice(op, args, fds, sink)
+            if spoken is not None:
+                return spoken, []
+        return self._engine(op, args, fds, sink)
+
+    def _engine(self, op: str, args: dict[str, Any], fds: list[int],
+                sink: WireSink) -> tuple[dict[str, Any], list[int]]:
         host = self.host
         if op == "hello":
             import llama_cpp
@@ -245,6 +262,31 @@ class Loop:
         if op not in handlers:
             raise ValueError(f"unknown operation {op!r}")
         return handlers[op](), []
+
+
+    def _voice(self, op: str, args: dict[str, Any], fds: list[int],
+               sink: WireSink) -> dict[str, Any] | None:
+        """The ops of a worker that hosts a voice (None: not a voice's op,
+        or a load of a GGUF model)."""
+        from syntrop.interfaces.runtime import InvalidModel, NotAVoice
+        from syntrop.runtimed.worker import voice
+
+        name = str(args.get("name") or args.get("model") or "")
+        if op == "load":
+            if len(fds) != 1 or not voice.is_voice(fds[0]):
+                return None
+            self.voice = voice.Voice(name, fds[0], str(args.get("digest", "")))
+            return {"voice": True, "sample_rate": self.voice.rate}
+        for fd in fds:
+            os.close(fd)
+        if op == "speak":
+            if self.voice is None:
+                raise NotAVoice(model=name)
+            return self.voice.speak(args, sink)
+        if op == "trim":
+            return {"closed": 0}
+        raise InvalidModel(model=self.voice.name if self.voice else name,
+                           reason="a voice: only Speak runs it")
 
 
 def check_constraint(error: Exception) -> "InvalidConstraint | None":

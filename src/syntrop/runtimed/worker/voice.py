@@ -1,0 +1,95 @@
+"""A voice's engine, inside its worker process: the same worker as a GGUF
+model's (loop.py), holding a speech synthesizer instead of llama.cpp, so a
+fault in the synthesizer's native code (ONNX Runtime, espeak-ng) ends only
+this voice's calls.
+
+The worker learns it hosts a voice at `load`, from the file's first bytes
+(modelfile: ONNX, not GGUF). The voice's JSON config is not in modeld: it
+comes from the package that carries the voice, found by the model's digest
+(syntrop.packaged.config_of says why). `speak` synthesizes one sentence at
+a time and sends each sentence's speech as soon as it is made, resampled
+and cut into packets (speech.py), checking between packets whether the
+call was cancelled.
+"""
+
+import base64
+import logging
+import os
+import threading
+from typing import Any, Protocol
+
+from syntrop import modelfile
+from syntrop.interfaces.runtime import InvalidModel
+from syntrop.runtimed.worker.speech import Packets
+from syntrop.varlink import InvalidParameter
+
+logger = logging.getLogger(__name__)
+
+
+class AudioSink(Protocol):
+    """Where a speech stream's packets go (loop.WireSink)."""
+
+    stop: threading.Event
+
+    def audio(self, packet: bytes, sentence: int) -> None: ...
+
+
+def is_voice(fd: int) -> bool:
+    """Whether the model behind `fd` is a voice (an ONNX file)."""
+    try:
+        return modelfile.read_fd(fd).format == "onnx"
+    except (modelfile.InvalidModel, OSError):
+        return False
+
+
+class Voice:
+    """One voice, loaded from modeld's descriptor (kept open: modeld's
+    in-use lock) and its packaged config."""
+
+    def __init__(self, name: str, fd: int, digest: str) -> None:
+        from piper import PiperVoice
+
+        from syntrop import packaged
+
+        config = packaged.config_of(digest)
+        if config is None:
+            os.close(fd)
+            raise InvalidModel(model=name, reason="a voice with no config installed "
+                               "(only packaged voices can be spoken yet)")
+        self.name = name
+        self.fd = fd
+        self.voice = PiperVoice.load(f"/proc/self/fd/{fd}", config_path=config)
+        self.rate = int(self.voice.config.sample_rate)
+        logger.info("voice %s: %d Hz, %d speakers", name, self.rate,
+                    self.voice.config.num_speakers)
+
+    def _speaker(self, name: str | None) -> int | None:
+        if name is None:
+            return None
+        speakers = dict(self.voice.config.speaker_id_map)
+        if name not in speakers:
+            raise InvalidParameter(parameter="voice")
+        return int(speakers[name])
+
+    def speak(self, args: dict[str, Any], sink: AudioSink) -> dict[str, Any]:
+        """Say `args["text"]`; each packet goes to `sink` as it is cut."""
+        from piper import SynthesisConfig
+
+        speed = float(args.get("speed") or 1.0)
+        config = SynthesisConfig(speaker_id=self._speaker(args.get("voice")),
+                                 length_scale=1.0 / speed)
+        packets = Packets(self.rate)
+        sentence = 0
+        for sentence, chunk in enumerate(self.voice.synthesize(str(args["text"]), config)):
+            for packet in packets.feed(chunk.audio_int16_bytes):
+                if sink.stop.is_set():
+                    return {"reason": "cancelled", "total_samples": packets.sent}
+                sink.audio(packet, sentence)
+        for packet in packets.close():
+            sink.audio(packet, sentence)
+        return {"reason": "stop", "total_samples": packets.sent, "sentences": sentence + 1}
+
+
+def encode(packet: bytes) -> str:
+    """A packet as a Piece's text."""
+    return base64.b64encode(packet).decode("ascii")
