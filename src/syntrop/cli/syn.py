@@ -351,7 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     _find_suite(args)
     try:
-        sys.exit(args.func(args))
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that left is seen here, not at exit
+        sys.exit(code)
     except CliError as error:
         print(f"syn: {error}", file=sys.stderr)
         sys.exit(1)
