@@ -3,8 +3,11 @@ a real modeld, run in an engine worker, its speech streamed in 20 ms
 packets of 24 kHz PCM while later sentences are still being made.
 Skipped where the voice or the synthesizer is not installed."""
 
+import asyncio
 import base64
 import importlib.util
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,7 @@ import pytest
 from asyncvarlink import VarlinkErrorReply
 
 from syntrop import packaged
-from syntrop.interfaces.runtime import ModelNotFound, NotAVoice
+from syntrop.interfaces.runtime import EngineCrashed, EngineWorker, ModelNotFound, NotAVoice
 from tests.service.runtimed_node import Node, started
 
 pytestmark = pytest.mark.service
@@ -105,3 +108,44 @@ def test_bad_input_gets_the_declared_errors(node: Node) -> None:
             assert count > 10
 
     node.run(main())
+
+
+def test_concurrent_calls_each_get_their_whole_speech(node: Node) -> None:
+    async def one(text: str) -> int:
+        async with await node.runtimed() as runtime:
+            samples = 0
+            async for reply in runtime.Speak(model="joe", text=text):
+                samples += _packet(reply).samples
+            return samples
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(one(TEXT) for _ in range(3)), one("Hello.")))
+
+    *same, short = node.run(main())
+    assert same[0] > 24_000 and short < same[0]
+    # The same text, about the same length (the voice's durations are drawn
+    # with a little noise: a few percent apart from call to call).
+    assert max(same) - min(same) <= max(same) // 7
+
+
+def test_a_voice_crash_ends_only_its_call(node: Node) -> None:
+    """The voice runs in an engine worker: killing it fails the call in
+    flight with EngineCrashed; the next call starts a new one."""
+    async def main() -> tuple[str, int]:
+        async with await node.runtimed() as runtime:
+            async for _ in runtime.Speak(model="joe", text="Hello."):
+                pass
+            engine = await runtime.GetEngine()
+            worker: EngineWorker = next(w for w in engine["workers"] if w.model == "joe")
+            assert worker.pid is not None
+            with pytest.raises(EngineCrashed):
+                async for _ in runtime.Speak(model="joe", text=TEXT * 20):
+                    os.kill(worker.pid, signal.SIGSEGV)
+            count = 0
+            async for _ in runtime.Speak(model="joe", text="Still here."):
+                count += 1
+            again = next(w for w in (await runtime.GetEngine())["workers"] if w.model == "joe")
+            return again.state, count
+
+    state, count = node.run(main())
+    assert state == "running" and count > 10

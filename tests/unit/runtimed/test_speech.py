@@ -102,3 +102,18 @@ def test_a_packaged_voice_has_its_config_by_digest() -> None:
     if packaged.installed(packaged.JOE):
         config = packaged.config_of(packaged.JOE.sha256.upper())
         assert config is not None and config.name.endswith(".onnx.json")
+
+
+def test_syn_pull_knows_the_packaged_voice() -> None:
+    """`syn pull packaged:joe` registers the voice's ONNX file, pinned."""
+    import argparse
+
+    from syntrop import packaged
+    from syntrop.cli import pulling
+
+    if not packaged.installed(packaged.JOE):
+        pytest.skip("the packaged voice is not installed")
+    args = argparse.Namespace(reference="packaged:joe", name=None)
+    path = pulling._packaged(args)
+    assert path.endswith(".onnx")
+    assert (args.name, args.sha256, args.pin) == ("joe", packaged.JOE.sha256, True)

@@ -9,7 +9,10 @@ comes from the package that carries the voice, found by the model's digest
 (syntrop.packaged.config_of says why). `speak` synthesizes one sentence at
 a time and sends each sentence's speech as soon as it is made, resampled
 and cut into packets (speech.py), checking between packets whether the
-call was cancelled.
+call was cancelled. Calls run on threads of their own (loop.py): the
+sentences' synthesis (ONNX Runtime) runs side by side, while turning text
+into phonemes, which goes through espeak-ng's one global state, is taken
+one call at a time (`_PHONEMIZING`).
 """
 
 import base64
@@ -24,6 +27,9 @@ from syntrop.runtimed.worker.speech import Packets
 from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
+
+#: espeak-ng keeps its state in globals: one phonemizing at a time.
+_PHONEMIZING = threading.Lock()
 
 
 class AudioSink(Protocol):
@@ -59,6 +65,14 @@ class Voice:
         self.name = name
         self.fd = fd
         self.voice = PiperVoice.load(f"/proc/self/fd/{fd}", config_path=config)
+        phonemize = self.voice.phonemize
+
+        def one_at_a_time(text: str) -> list[list[str]]:
+            with _PHONEMIZING:
+                return phonemize(text)
+
+        # synthesize() phonemizes the whole text through this, first.
+        self.voice.phonemize = one_at_a_time  # type: ignore[method-assign]
         self.rate = int(self.voice.config.sample_rate)
         logger.info("voice %s: %d Hz, %d speakers", name, self.rate,
                     self.voice.config.num_speakers)
