@@ -17,7 +17,13 @@ import pytest
 from asyncvarlink import VarlinkErrorReply
 
 from syntrop import packaged
-from syntrop.interfaces.runtime import EngineCrashed, EngineWorker, ModelNotFound, NotAVoice
+from syntrop.interfaces.runtime import (
+    EngineCrashed,
+    EngineWorker,
+    InvalidModel,
+    ModelNotFound,
+    NotAVoice,
+)
 from tests.service.runtimed_node import Node, started
 
 pytestmark = pytest.mark.service
@@ -100,6 +106,9 @@ def test_bad_input_gets_the_declared_errors(node: Node) -> None:
                     pass
             with pytest.raises(NotAVoice):
                 async for _ in runtime.Speak(model="smollm2", text="Hello."):
+                    pass
+            with pytest.raises(InvalidModel):  # and a voice is no language model
+                async for _ in runtime.Complete(model="joe", prompt="Hello"):
                     pass
             # And the voice still speaks.
             count = 0
