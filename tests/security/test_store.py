@@ -101,22 +101,17 @@ INTERNAL = ["127.0.0.1", "127.1.2.3", "::1", "169.254.169.254", "10.0.0.1", "172
 PUBLIC = ["8.8.8.8", "2606:4700::1", "172.32.0.1", "192.169.0.1"]
 
 
-@pytest.mark.xfail(strict=True, raises=ImportError,
-                   reason="syntrop.pull has no address rule: a pull (and its redirects) "
-                   "may name loopback, link-local or private hosts (left: build the rule)")
 @pytest.mark.parametrize("address", INTERNAL)
 def test_the_pull_address_rule_refuses_internal_addresses(address: str) -> None:
     """Pull SSRF to loopback/link-local/private addresses: the rule, as a
     pure function of an address (no traffic is sent)."""
-    from syntrop.pull.addresses import refused  # type: ignore[import-not-found]
+    from syntrop.pull.addresses import refused
 
     assert refused(ipaddress.ip_address(address))
     for public in PUBLIC:
         assert not refused(ipaddress.ip_address(public))
 
 
-@pytest.mark.xfail(strict=True, reason="no address rule: `syn pull` fetches from loopback and "
-                   "follows a redirect to another loopback port (left: build the rule)")
 def test_a_pull_naming_or_redirected_to_loopback_sends_nothing(
     store: Store, model: tuple[Path, str]
 ) -> None:
@@ -131,6 +126,8 @@ def test_a_pull_naming_or_redirected_to_loopback_sends_nothing(
             for url in (target.url("/m.gguf"), redirector.url("/m.gguf")):
                 result = store.syn("pull", url, "--sha256", digest, "--name", "ssrf", timeout=30)
                 assert result.returncode != 0, url
+                assert "127.0.0.1: refused, not a global address" in result.stderr, result.stderr
+                assert "pull.toml" in result.stderr, result.stderr
             assert redirector.requests == [] and target.requests == []
         finally:
             if any(m["name"] == "ssrf" for m in store.call("List")["models"]):
@@ -174,13 +171,13 @@ def test_a_gzip_body_is_written_as_sent_never_inflated(bomb: bytes, tmp_path: Pa
 
 
 def test_syn_pull_of_a_gzip_bomb_stores_nothing_and_answers(store: Store, bomb: bytes) -> None:
-    """Decompression bomb through `syn pull` into modeld: the compressed
-    bytes are hashed as they are, are not a model, and are refused; nothing
-    is kept."""
+    """Decompression bomb through `syn pull` into modeld (its loopback
+    server allowed): the compressed bytes are hashed as they are, are not a
+    model, and are refused; nothing is kept."""
     digest = hashlib.sha256(bomb).hexdigest()
     with _gzip_served(bomb) as server:
         result = store.syn("pull", server.url("/bomb.gguf"), "--sha256", digest,
-                           "--name", "bomb", timeout=30)
+                           "--name", "bomb", timeout=30, SYNTROP_PULL_ALLOW="127.0.0.1/32")
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert "not a model file" in result.stderr, result.stderr
     assert store.partials() == []

@@ -52,7 +52,8 @@ def registry(tmp_path: Path) -> Iterator[LoopbackRegistry]:
 
 def test_syn_pull_smollm2_in_hugging_face_layout(tmp_path: Path,
                                                  registry: LoopbackRegistry) -> None:
-    with modeld(tmp_path, pull=f'[hf]\nendpoint = "{registry.url}"\n') as store:
+    with modeld(tmp_path, pull=f'[hf]\nendpoint = "{registry.url}"\n'
+                f'[network]\nallow = ["127.0.0.0/8"]\n') as store:
         result = store.syn("pull", f"hf://HuggingFaceTB/SmolLM2-135M-Instruct-GGUF/{FILE}",
                            timeout=120)
         assert result.returncode == 0, result.stderr

@@ -29,6 +29,13 @@ REF = "hf://org/Tiny-GGUF/tiny.Q8_0.gguf"
 FLOATS = 1_000_000
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registries here are on loopback, which a pull refuses unless
+    allowed: `syn` inherits this (Store.env)."""
+    monkeypatch.setenv("SYNTROP_PULL_ALLOW", "127.0.0.0/8")
+
+
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("models") / "tiny.gguf"

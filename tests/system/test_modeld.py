@@ -49,7 +49,8 @@ def registry(tmp_path: Path) -> Iterator[tuple[LoopbackRegistry, str]]:
     with serving(tmp_path / "srv") as server:
         server.add_hf("org/Tiny-GGUF", "tiny.Q8_0.gguf", model)
         (tmp_path / "cli-config").mkdir()
-        (tmp_path / "cli-config" / "pull.toml").write_text(f'[hf]\nendpoint = "{server.url}"\n')
+        (tmp_path / "cli-config" / "pull.toml").write_text(
+            f'[hf]\nendpoint = "{server.url}"\n[network]\nallow = ["127.0.0.0/8"]\n')
         yield server, digest
 
 

@@ -251,6 +251,7 @@ def _pull_remote(reference: "Reference", args: argparse.Namespace, display: Disp
     import httpx
 
     from syntrop.config import ConfigError, paths
+    from syntrop.pull.addresses import guard
     from syntrop.pull.fetch import tune_for_bulk
     from syntrop.pull.registries import RegistryError, Settings, registry_for
 
@@ -261,7 +262,9 @@ def _pull_remote(reference: "Reference", args: argparse.Namespace, display: Disp
     except ConfigError as error:
         raise CliError(str(error)) from None
     timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
-    with httpx.Client(timeout=timeout) as http:
+    # Every request, each redirect hop too, is checked before it connects.
+    hooks = {"request": [guard(settings.allowed)]}
+    with httpx.Client(timeout=timeout, event_hooks=hooks) as http:
         registry = registry_for(reference, settings, http)
         attempt = 0
         while True:

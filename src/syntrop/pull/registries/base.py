@@ -1,5 +1,6 @@
 """What the registries share: the artifact record, errors, settings."""
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,18 +45,22 @@ class Settings:
     insecure: bool = False
     timeout: float = 30.0
     retries: int = 3
+    #: Non-global networks a pull may reach (syntrop.pull.addresses).
+    allowed: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
     @classmethod
     def load(cls, configuration: Path, environ: "os._Environ[str] | dict[str, str]",
              **overrides: Any) -> "Settings":
         """pull.toml in the configuration directory, then the environment:
         HF_ENDPOINT and HF_TOKEN (as huggingface_hub reads them),
-        SYNTROP_OLLAMA_ENDPOINT."""
+        SYNTROP_OLLAMA_ENDPOINT, SYNTROP_PULL_ALLOW (CIDRs, comma-separated,
+        added to [network] allow)."""
         path = configuration / "pull.toml"
         data = load_toml(path)
         hf = _table(data, "hf", path)
         ollama = _table(data, "ollama", path)
         transfer = _table(data, "transfer", path)
+        network = _table(data, "network", path)
         values: dict[str, Any] = {
             "hf_endpoint": environ.get("HF_ENDPOINT") or _string(hf, "endpoint", path),
             "hf_token": environ.get("HF_TOKEN") or _string(hf, "token", path),
@@ -68,7 +73,8 @@ class Settings:
             raise ConfigError(f"{path}: transfer.timeout must be seconds")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"{path}: transfer.retries must be a count")
-        values.update(timeout=float(timeout), retries=retries)
+        values.update(timeout=float(timeout), retries=retries,
+                      allowed=_allowed(network, environ.get("SYNTROP_PULL_ALLOW", ""), path))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -78,6 +84,25 @@ def _table(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: [{key}] must be a table")
     return value
+
+
+def _allowed(network: dict[str, Any], extra: str, path: Path
+             ) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """[network] allow (CIDRs) and allow_private (every network), plus
+    the environment's CIDRs."""
+    allow_private = network.get("allow_private", False)
+    listed = network.get("allow", [])
+    if not isinstance(allow_private, bool):
+        raise ConfigError(f"{path}: network.allow_private must be true or false")
+    if not isinstance(listed, list) or not all(isinstance(c, str) for c in listed):
+        raise ConfigError(f"{path}: network.allow must be a list of CIDRs")
+    texts = [*listed, *(c.strip() for c in extra.split(",") if c.strip())]
+    if allow_private:
+        texts += ["0.0.0.0/0", "::/0"]
+    try:
+        return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+    except ValueError as error:
+        raise ConfigError(f"{path}: network.allow or $SYNTROP_PULL_ALLOW: {error}") from None
 
 
 def _string(table: dict[str, Any], key: str, path: Path) -> str | None:
