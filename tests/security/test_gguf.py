@@ -240,8 +240,6 @@ def test_the_chat_template_renderer_does_not_reach_python_internals() -> None:
         assert timed(outcome.seconds), (template, outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="the sandbox leaves str * int unbounded: a chat template "
-                   "can make runtimed's worker allocate gigabytes (left: bound the renderer)")
 def test_a_chat_template_cannot_allocate_without_bound() -> None:
     """Chat template resource exhaustion (CVE-2024-34359 class, the
     sandbox's other edge): `'a' * 10**10` asks for 10 GB. Rendered in a

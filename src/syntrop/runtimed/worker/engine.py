@@ -268,7 +268,7 @@ class Engine:
         after its text, so generation continues it (what transformers calls
         continue_final_message); ValueError when the rendered chat does not
         hold that text as given."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from syntrop.runtimed.worker.templates import ChatFormatter
 
         template = self.metadata.get("tokenizer.chat_template")
         if template is None:
@@ -279,7 +279,7 @@ class Engine:
         eos, bos = self._llama.token_eos(), self._llama.token_bos()
         turns: Any = [{"role": r, "content": c} for r, c in messages]
         try:
-            formatter = Jinja2ChatFormatter(
+            formatter = ChatFormatter(
                 template=template,
                 eos_token=model.token_get_text(eos) if eos != -1 else "",
                 bos_token=model.token_get_text(bos) if bos != -1 else "",
@@ -288,7 +288,8 @@ class Engine:
             response = formatter(messages=turns)
         except (TemplateError, OverflowError) as error:
             # The GGUF's template is attacker text: the sandbox's refusals
-            # (unsafe attributes, huge ranges) and its syntax errors are
+            # (unsafe attributes, huge ranges, operators that would make
+            # too much: templates.BoundedSandbox) and its syntax errors are
             # the model's fault, answered as such.
             raise LoadError(f"the chat template failed: {str(error)[:200]}") from None
         if continue_last:
