@@ -21,8 +21,12 @@ from typing import Any
 
 from syntrop.routerd.api import BadRequest, Response, error, ok, parse
 
-#: Most documents one request may rank.
-MAX_DOCUMENTS = 256
+#: Most inputs one embeddings request may carry: runtimed's Embed limit
+#: (its MAX_INPUTS; a daemon imports no other daemon).
+MAX_INPUTS = 256
+#: Most documents one request may rank: they and the query are embedded in
+#: one request, so that one model embeds them all.
+MAX_DOCUMENTS = MAX_INPUTS - 1
 SCORING = "embedding cosine"
 
 Embed = Callable[[bytes], Awaitable[Response]]
@@ -40,7 +44,8 @@ def _request(body: bytes) -> tuple[dict[str, Any], str, list[str], int, bool]:
             not all(isinstance(d, str) and d for d in documents):
         raise BadRequest("documents: a non-empty list of non-empty strings", "documents")
     if len(documents) > MAX_DOCUMENTS:
-        raise BadRequest(f"documents: at most {MAX_DOCUMENTS}", "documents")
+        raise BadRequest(f"documents: at most {MAX_DOCUMENTS} (with the query, the "
+                         f"{MAX_INPUTS} inputs one embeddings request may carry)", "documents")
     top_n = request.get("top_n", len(documents))
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
         raise BadRequest("top_n: an integer >= 1", "top_n")

@@ -50,7 +50,7 @@ def test_a_request_is_ranked_with_documents_returned() -> None:
     ({"query": "q"}, "documents"),
     ({"query": "q", "documents": []}, "documents"),
     ({"query": "q", "documents": ["a", 3]}, "documents"),
-    ({"query": "q", "documents": ["a"] * 257}, "documents"),
+    ({"query": "q", "documents": ["a"] * (rerank.MAX_DOCUMENTS + 1)}, "documents"),
     ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": "q", "documents": ["a"], "return_documents": "yes"}, "return_documents"),
 ])
@@ -70,3 +70,25 @@ def test_the_embeddings_failure_is_the_answer() -> None:
     response = asyncio.run(rerank.rerank("POST", b'{"query": "q", "documents": ["a"]}', embed))
     assert response.status == 404
     assert asyncio.run(rerank.rerank("GET", b"", embed)).status == 405
+
+
+def test_the_most_documents_fit_one_embeddings_request_and_one_more_is_a_400() -> None:
+    """The query and the documents are embedded in one request, within
+    runtimed's 256 inputs: 255 documents are, 256 are refused naming it."""
+    sent: list[int] = []
+
+    async def embed(body: bytes) -> Response:
+        inputs = json.loads(body)["input"]
+        sent.append(len(inputs))
+        return _embeddings([[1.0, float(i)] for i in range(len(inputs))])
+
+    def ask(count: int) -> Response:
+        return asyncio.run(rerank.rerank("POST", json.dumps(
+            {"query": "q", "documents": ["d"] * count}).encode(), embed))
+
+    assert rerank.MAX_INPUTS == 256
+    assert ask(255).status == 200 and sent == [256]
+    refused = ask(256)
+    assert refused.status == 400 and sent == [256]
+    message = json.loads(refused.body)["error"]["message"]
+    assert "at most 255" in message and "256 inputs" in message
