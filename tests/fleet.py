@@ -1,10 +1,12 @@
 """A real etcd cluster for fleet tests: members on loopback ports, each
 etcd-server from apt, killed and restarted by name; and the helpers the
-fleet tests share."""
+fleet tests share: members reach each other over mutual TLS (`Certificates`),
+the only way one routerd takes another's forwarded requests."""
 
 import http.client
 import json
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -101,3 +103,63 @@ def records(endpoint: str, prefix: str = "/syntrop/fleet/nodes/") -> dict[str, A
         connection.close()
     return {base64.b64decode(kv["key"]).decode().rpartition("/")[2]:
             json.loads(base64.b64decode(kv["value"])) for kv in found}
+
+
+# mutual TLS ------------------------------------------------------------------
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_certificates(where: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", str(where / "ca.key"), "-out",
+             str(where / "ca.pem"), "-subj", "/CN=syntrop test CA", "-days", "2",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    for name, extensions in (
+            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+            ("client", "extendedKeyUsage=clientAuth\n")):
+        (where / f"{name}.ext").write_text(extensions)
+        _openssl("req", *ec, "-keyout", str(where / f"{name}.key"), "-out",
+                 str(where / f"{name}.csr"), "-subj", f"/CN=routerd {name}")
+        _openssl("x509", "-req", "-in", str(where / f"{name}.csr"), "-CA", str(where / "ca.pem"),
+                 "-CAkey", str(where / "ca.key"), "-CAcreateserial", "-days", "2",
+                 "-out", str(where / f"{name}.pem"), "-extfile", str(where / f"{name}.ext"))
+
+
+def certificates(where: Path) -> Path:
+    """`where`, holding make_certificates' files: every node of a test
+    fleet serves server.pem and reaches the others with client.pem."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    where.mkdir(parents=True, exist_ok=True)
+    make_certificates(where)
+    return where
+
+
+def tls_http(certs: Path, tls_port: int) -> str:
+    """A node's [http] lines for the mutual-TLS listener members reach it on."""
+    return (f'tls_listen = ["127.0.0.1:{tls_port}"]\ntls_cert = "{certs}/server.pem"\n'
+            f'tls_key = "{certs}/server.key"\ntls_client_ca = "{certs}/ca.pem"\n')
+
+
+def tls_fleet(certs: Path, tls_port: int) -> str:
+    """A node's [fleet] lines: advertised at that listener, and the client
+    certificate it reaches the other members with."""
+    return (f'advertise = "https://127.0.0.1:{tls_port}/v1"\npeer_ca = "{certs}/ca.pem"\n'
+            f'peer_cert = "{certs}/client.pem"\npeer_key = "{certs}/client.key"\n')
+
+
+def member_connection(certs: Path, tls_port: int, timeout: float) -> http.client.HTTPConnection:
+    """A connection to a node's mutual-TLS listener as a member opens it:
+    what it sends marked x-syntrop-forwarded is served there."""
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    context.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+    return http.client.HTTPSConnection("127.0.0.1", tls_port, timeout=timeout, context=context)

@@ -33,7 +33,7 @@ import h11
 import pytest
 import varlink
 
-from tests.fleet import Cluster, free_port, wait
+from tests.fleet import Cluster, certificates, free_port, tls_fleet, tls_http, wait
 from tests.support import Activated, activated
 from tests.upstreams import send_json, serving
 
@@ -182,11 +182,15 @@ class Node:
         self.daemon.process.wait()
 
 
-def config(name: str, port: int, etcd: list[str], upstream_port: int | None) -> str:
+def config(name: str, port: int, etcd: list[str], upstream_port: int | None,
+           certs: Path) -> str:
+    """A node's routerd.toml: its clients' port, and the members' (mutual
+    TLS) on another."""
+    tls_port = free_port()
     text = "" if upstream_port else "providers = []\n"  # a: none of its own
-    text += (f'[http]\nlisten = ["127.0.0.1:{port}"]\n'
+    text += (f'[http]\nlisten = ["127.0.0.1:{port}"]\n{tls_http(certs, tls_port)}'
              f'[fleet]\netcd = {json.dumps(etcd)}\nnode = "{name}"\nttl = {TTL}\n'
-             f'advertise = "http://127.0.0.1:{port}/v1"\npublish_interval = 0.2\n')
+             f'{tls_fleet(certs, tls_port)}publish_interval = 0.2\n')
     if upstream_port:
         text += (f'[[providers]]\nid = "up"\nkind = "openai"\ntier = "local"\n'
                  f'endpoint = "http://127.0.0.1:{upstream_port}/{name}/v1"\nmodels = ["m"]\n')
@@ -206,6 +210,7 @@ def words_of(sse: str) -> list[str]:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node], dict[str, Relay]]]:
     cluster = Cluster(tmp_path)
+    certs = certificates(tmp_path / "certs")
     with ExitStack() as stack:
         stack.callback(cluster.close)
         cluster.start_all()
@@ -222,7 +227,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node], dict[str, 
             port = free_port()
             etcd = [f"http://127.0.0.1:{relays[name].port}"] if name in relays \
                 else cluster.endpoints()
-            (root / "config" / "routerd.toml").write_text(config(name, port, etcd, up))
+            (root / "config" / "routerd.toml").write_text(config(name, port, etcd, up, certs))
             daemon = stack.enter_context(activated("routerd", root))
             nodes[name] = Node(name, root, port, daemon)
             nodes[name].status()  # started now, not by the first request

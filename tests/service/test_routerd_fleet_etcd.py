@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import varlink
 
-from tests.fleet import Cluster, free_port, wait
+from tests.fleet import Cluster, certificates, free_port, tls_fleet, tls_http, wait
 from tests.service.test_routerd_fleet import ROUTER, Node, upstream
 from tests.support import activated
 
@@ -34,6 +34,7 @@ POLL = 0.04
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node]]]:
     cluster = Cluster(tmp_path)
+    certs = certificates(tmp_path / "certs")
     with ExitStack() as stack:
         stack.callback(cluster.close)
         cluster.start_all()
@@ -42,11 +43,11 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, Node]]]:
             root = tmp_path / name
             (root / "config").mkdir(parents=True)
             up = stack.enter_context(upstream(name)) if name != "a" else None
-            port = free_port()
+            port, tls_port = free_port(), free_port()
             text = "" if up else "providers = []\n"
-            text += (f'[http]\nlisten = ["127.0.0.1:{port}"]\n'
+            text += (f'[http]\nlisten = ["127.0.0.1:{port}"]\n{tls_http(certs, tls_port)}'
                      f'[fleet]\netcd = {json.dumps(cluster.endpoints())}\nnode = "{name}"\n'
-                     f'ttl = {TTL}\nadvertise = "http://127.0.0.1:{port}/v1"\n'
+                     f'ttl = {TTL}\n{tls_fleet(certs, tls_port)}'
                      'publish_interval = 0.2\n')
             if up:
                 text += (f'[[providers]]\nid = "up"\nkind = "openai"\ntier = "local"\n'

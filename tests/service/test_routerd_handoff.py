@@ -21,7 +21,16 @@ import varlink
 from syntrop.prefix import chain
 from syntrop.routerd.providers.runtimed import turns
 from syntrop.routerd.scoring import homes
-from tests.fleet import Cluster, free_port, records, wait
+from tests.fleet import (
+    Cluster,
+    certificates,
+    free_port,
+    member_connection,
+    records,
+    tls_fleet,
+    tls_http,
+    wait,
+)
 from tests.models import model_node, require_llama
 from tests.support import Activated, activated
 
@@ -31,6 +40,9 @@ if shutil.which("etcd") is None:
                 allow_module_level=True)
 
 NODES = ("a", "b")
+#: A node's mutual-TLS listener, as a member reaches it: (certificates, port).
+Member = tuple[Path, int]
+Fleet = tuple[Cluster, dict[str, int], dict[str, Activated], dict[str, Member]]
 
 
 def long_chat() -> dict[str, Any]:
@@ -42,14 +54,22 @@ def long_chat() -> dict[str, Any]:
         {"role": "user", "content": "Name one famous river."}]}
 
 
+def connect(port: int, member: Member | None) -> http.client.HTTPConnection:
+    """A client's connection to the node at `port`, or (`member`: its
+    mutual-TLS listener) a member's, whose forwarded requests it serves."""
+    if member is None:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    return member_connection(*member, timeout=300)
+
+
 def post(port: int, body: dict[str, Any],
-         forwarded: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
-    """The answer and its headers; `forwarded`: served by that node."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+         member: Member | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The answer and its headers; `member`: forwarded, served by that node."""
+    connection = connect(port, member)
     try:
         connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
                            headers={"content-type": "application/json",
-                                    **({"x-syntrop-forwarded": "1"} if forwarded else {})})
+                                    **({"x-syntrop-forwarded": "1"} if member else {})})
         response = connection.getresponse()
         answer = json.loads(response.read())
         assert response.status == 200, answer
@@ -59,11 +79,11 @@ def post(port: int, body: dict[str, Any],
 
 
 class Busy:
-    """A long completion streaming on one node's own runtimed (forwarded:
-    served there), read until `stop`."""
+    """A long completion streaming on one node's own runtimed (forwarded
+    by a member: served there), read until `stop`."""
 
-    def __init__(self, port: int) -> None:
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    def __init__(self, member: Member) -> None:
+        self.connection = connect(0, member)
         self.connection.request(
             "POST", "/v1/completions",
             headers={"content-type": "application/json", "x-syntrop-forwarded": "1"},
@@ -103,22 +123,24 @@ def unloaded(runtimed: Activated) -> bool:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, Activated]]]:
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
     cluster = Cluster(tmp_path)
+    certs = certificates(tmp_path / "certs")
     with ExitStack() as stack:
         stack.callback(cluster.close)
         cluster.start_all()
-        ports, runtimes = {}, {}
+        ports, runtimes, members = {}, {}, {}
         for name in NODES:
             root = tmp_path / name
             (root / "config").mkdir(parents=True)
-            ports[name] = free_port()
+            ports[name], tls_port = free_port(), free_port()
+            members[name] = (certs, tls_port)
             (root / "config" / "runtimed.toml").write_text(
                 "[runtimed]\nslots = 2\nn_ctx = 4096\n")
             (root / "config" / "routerd.toml").write_text(
-                f'[http]\nlisten = ["127.0.0.1:{ports[name]}"]\n'
+                f'[http]\nlisten = ["127.0.0.1:{ports[name]}"]\n{tls_http(certs, tls_port)}'
                 f'[fleet]\netcd = {json.dumps(cluster.endpoints())}\nnode = "{name}"\n'
-                f'ttl = 3\nadvertise = "http://127.0.0.1:{ports[name]}/v1"\n'
+                f'ttl = 3\n{tls_fleet(certs, tls_port)}'
                 "handoff_tokens = 1024\n")
             runtimes[name] = stack.enter_context(model_node(root, stack))
             router = stack.enter_context(activated("routerd", root))
@@ -129,17 +151,16 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, int], dict[str, A
                 {"role": "user", "content": "Hi"}]})  # the model loaded, not in the test
         wait("both nodes publish their load", lambda: all(
             free_slots(cluster, n) == 2 for n in NODES), 30)
-        yield cluster, ports, runtimes
+        yield cluster, ports, runtimes, members
 
 
-def test_a_busy_home_answers_from_an_idle_nodes_prefill(
-        fleet: tuple[Cluster, dict[str, int], dict[str, Activated]]) -> None:
-    cluster, ports, runtimes = fleet
+def test_a_busy_home_answers_from_an_idle_nodes_prefill(fleet: Fleet) -> None:
+    cluster, ports, runtimes, members = fleet
     body = long_chat()
     digests = chain(turns(body) or [])
     home = homes(digests[0][0], NODES)[0]  # where routing sends it
     idle = next(n for n in NODES if n != home)
-    busy = Busy(ports[home])
+    busy = Busy(members[home])
     try:
         wait("the home publishes its busy slot", lambda: free_slots(cluster, home) == 1, 15)
         handed, headers = post(ports[idle], body)
@@ -155,7 +176,7 @@ def test_a_busy_home_answers_from_an_idle_nodes_prefill(
     # The same chat prefilled at the home (forwarded: served there), once
     # the stream has stopped and nothing is resident there.
     wait("the home's runtimed is idle", lambda: unloaded(runtimes[home]), 30)
-    prefilled, headers = post(ports[home], body, forwarded=True)
+    prefilled, headers = post(ports[home], body, member=members[home])
     assert "x-syntrop-handoff" not in headers
     assert prefilled["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     text = prefilled["choices"][0]["message"]["content"]

@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -20,32 +19,11 @@ from typing import Any
 import pytest
 import varlink
 
+from tests.fleet import make_certificates
 from tests.support import activated
 from tests.upstreams import openai_upstream as upstream
 
 NAME = "io.syntrop.Router1"
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_certificates(where: Path) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", str(where / "ca.key"), "-out",
-             str(where / "ca.pem"), "-subj", "/CN=syntrop test CA", "-days", "2",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    for name, extensions in (
-            ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
-            ("client", "extendedKeyUsage=clientAuth\n")):
-        (where / f"{name}.ext").write_text(extensions)
-        _openssl("req", *ec, "-keyout", str(where / f"{name}.key"), "-out",
-                 str(where / f"{name}.csr"), "-subj", f"/CN=routerd {name}")
-        _openssl("x509", "-req", "-in", str(where / f"{name}.csr"), "-CA", str(where / "ca.pem"),
-                 "-CAkey", str(where / "ca.key"), "-CAcreateserial", "-days", "2",
-                 "-out", str(where / f"{name}.pem"), "-extfile", str(where / f"{name}.ext"))
 
 
 def _free_port() -> int:

@@ -226,18 +226,37 @@ class Gateway:
 
     async def _prefill(self, method: str, body: bytes, traffic: str,
                        forwarded: bool) -> Response:
-        """POST /v1/syntrop/prefill, for the fleet's members (they mark what
-        they send as forwarded): admitted and counted as a model request."""
+        """POST /v1/syntrop/prefill, for the fleet's members (`forwarded`:
+        http.py says so only over mutual TLS; to anyone else it is an
+        unknown endpoint): admitted and counted as a model request, its
+        place held until the state is sent or abandoned (the closer)."""
         if not forwarded:
-            return error(404, "the prefill hand-off is for fleet members (x-syntrop-forwarded)",
-                         "unknown_url")
+            return error(404, f"unknown endpoint {PREFILL_PATH}", "unknown_url")
         self.requests_total += 1
         if (refused := await self._admit(traffic)) is not None:
             return refused
         try:
-            return await self.handoff.serve(method, body)
-        finally:
-            self.admission.leave(traffic)
+            response = await self.handoff.serve(method, body)
+        except BaseException:
+            self._leave(traffic)
+            raise
+        closer = response.closer
+        if closer is None:  # refused: nothing to send but the answer
+            self._leave(traffic)
+            return response
+
+        async def close() -> None:
+            try:
+                await closer()
+            finally:
+                self._leave(traffic)
+
+        response.closer = close
+        return response
+
+    def _leave(self, traffic: str) -> None:
+        self.admission.leave(traffic)
+        self.changed()
 
     async def _translated(self, method: str, path: str, body: bytes, traffic: str,
                           forwarded: bool, caller: str) -> Response:

@@ -30,24 +30,39 @@ READ_SIZE = 65536
 #: queue: over the Unix socket only, for any TCP client could send it.
 TRAFFIC_HEADER = b"x-syntrop-traffic"
 #: Requests another node of the fleet forwards carry it (providers/peer.py):
-#: served by this node's own providers, never forwarded again.
+#: served by this node's own providers, never forwarded again. Honoured
+#: only from a member: over mutual TLS (tls_listen), from a certificate
+#: tls_client_ca signed; from anyone else it is ignored (`_marks`).
 FORWARDED_HEADER = b"x-syntrop-forwarded"
+#: Seconds one send of a response may wait on a client that does not read
+#: (http.body_timeout where set): then it is cut off, and what its answer
+#: held (an admission place, a prefill's state) given back.
+SEND_TIMEOUT = 30.0
 MAX_HEADER_BYTES = 16384
 #: Host values any TCP request may bear (with any port, or none).
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
-def _marks(request: Request, unix: bool) -> tuple[str, bool]:
+def _marks(request: Request, unix: bool, member: bool) -> tuple[str, bool]:
     """The request's traffic class (triage or user) and whether another
     node of the fleet forwarded it. Triage only over the Unix socket
-    (sentry's path): over TCP the header is ignored."""
+    (sentry's path), forwarded only from a `member` (`_member`): elsewhere
+    each header is ignored, the request is a client's."""
     traffic, forwarded = USER, False
     for name, value in request.headers:
         if name == TRAFFIC_HEADER and unix and value.lower() == b"triage":
             traffic = TRIAGE
-        elif name == FORWARDED_HEADER:
+        elif name == FORWARDED_HEADER and member:
             forwarded = True
     return traffic, forwarded
+
+
+def _member(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connection is a fleet member's: it came over mutual TLS
+    (tls_listen demands a certificate tls_client_ca signed) and its
+    certificate was verified. Plain TCP and the Unix socket are clients."""
+    tls = writer.get_extra_info("ssl_object")
+    return tls is not None and bool(tls.getpeercert())
 
 
 def address(sockname: Any, family: int) -> str:
@@ -241,18 +256,30 @@ class HTTPServer:
         if response.stream is None:
             writer.write(out if request is not None and request.method == b"HEAD"
                          else out + response.body)
-            await writer.drain()
+            await self._drain(writer)
             return
         stream = response.stream
         try:
             async for part in stream:
                 writer.write(out + (part if http_1_0 else chunk(part)))
                 out = b""
-                await writer.drain()
+                await self._drain(writer)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         writer.write(out + (b"" if http_1_0 else LAST_CHUNK))
-        await writer.drain()
+        await self._drain(writer)
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait until what was written is sent (most of it: asyncio's
+        buffer), at most SEND_TIMEOUT (http.body_timeout where set); a
+        client that stops reading is then cut off: its connection aborted,
+        the unsent bytes dropped (TimeoutError)."""
+        try:
+            async with asyncio.timeout(self.config.body_timeout or SEND_TIMEOUT):
+                await writer.drain()
+        except TimeoutError:
+            writer.transport.abort()
+            raise
 
     async def _refuse(self, parser: RequestReader, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -358,6 +385,7 @@ class HTTPServer:
         sock = writer.get_extra_info("socket")
         unix = sock is not None and sock.family == socket.AF_UNIX
         local = None if unix else self._local(writer)
+        member = _member(writer)
         try:
             if self.connections > self.config.max_connections:
                 await self._refuse(parser, reader, writer)
@@ -368,7 +396,7 @@ class HTTPServer:
                     break
                 # HTTP/1.0 is answered once: its keep-alive is not worth having.
                 close = not request.keep_alive or parser.closed or request.http_1_0
-                traffic, forwarded = _marks(request, unix)
+                traffic, forwarded = _marks(request, unix, member)
                 cors = self._cors(request)
                 caller = self._admit(request, writer, local, cors)
                 if isinstance(caller, Response):

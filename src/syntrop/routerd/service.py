@@ -40,6 +40,21 @@ PROBE_TIMEOUT = 60.0
 logger = logging.getLogger(__name__)
 
 
+def check_fleet(config: routerconfig.Config) -> None:
+    """A fleet's members reach each other over mutual TLS, the only way a
+    node takes what another forwards (http.py): a node advertises its
+    tls_listen as https:// and has a client certificate (fleet.peer_cert).
+    Over plain HTTP a member would be a client: its forwarded requests
+    routed again, its prefill pulls answered 404. ConfigError otherwise."""
+    fleet = config.fleet
+    if fleet.etcd and not (config.tls_listen and fleet.advertise.startswith("https://")
+                           and fleet.peer_cert):
+        raise ConfigError("a fleet's members reach each other over mutual TLS: set "
+                          "http.tls_listen (with tls_cert, tls_key, tls_client_ca), "
+                          "fleet.advertise to its https:// URL, and fleet.peer_cert and "
+                          "peer_key")
+
+
 class RouterService(Router1):
     """Routes OpenAI-style requests between providers."""
 
@@ -60,6 +75,7 @@ class RouterService(Router1):
         bound here. A broken file is an error at start (systemd shows it);
         at Reload it is not."""
         service = cls(paths, routerconfig.load(paths.configuration / "routerd.toml"))
+        check_fleet(service.config)
         if sockets:
             await service.http.adopt(sockets)
         else:

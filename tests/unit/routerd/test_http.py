@@ -167,7 +167,8 @@ class Fleet:
 @pytest.mark.parametrize("name", ["127.0.0.1", "localhost"])
 def test_a_peer_over_plain_tcp_is_served_not_refused(name: str) -> None:
     """What routerd sends a fleet member over plain HTTP (its advertised
-    endpoint) passes that member's Host and JSON checks: no 421, no 415."""
+    endpoint) passes that member's Host and JSON checks: no 421, no 415;
+    it is a client's there, its x-syntrop-forwarded ignored (test_members)."""
     from syntrop.routerd.config import ProviderConfig
     from syntrop.routerd.providers.peer import PeerProvider
 
@@ -192,6 +193,6 @@ def test_a_peer_over_plain_tcp_is_served_not_refused(name: str) -> None:
             await server.close()
         return gateway.asked
 
-    assert asyncio.run(run()) == [("GET", "/health", True),
-                                  ("POST", "/v1/chat/completions", True),
-                                  ("POST", "/v1/syntrop/prefill", True)]
+    assert asyncio.run(run()) == [("GET", "/health", False),
+                                  ("POST", "/v1/chat/completions", False),
+                                  ("POST", "/v1/syntrop/prefill", False)]
