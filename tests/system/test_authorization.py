@@ -191,8 +191,8 @@ def test_an_operator_gets_the_operator_actions_and_no_more(authz: Instance) -> N
     method then answers as it would for root); leasing for others,
     emergency leases and remediation tools stay an administrator's.
 
-    modeld, runtimed and routerd run as the static syntrop user, which
-    reaches the system bus, so they can ask polkit (a DynamicUser process
+    modeld, runtimed and routerd run as static users of their own, which
+    reach the system bus, so they can ask polkit (a DynamicUser process
     cannot: docs/SECURITY.md)."""
     reset = as_user(authz, OPERATOR, "io.syntrop.Sentry1", "ResetBreaker", unit="cron.service")
     assert "error" not in reset, reset
@@ -236,3 +236,33 @@ def test_an_operator_manages_models_the_runtime_and_the_router(
     reply = as_user(authz, "nobody", "io.syntrop.Model1", "Register", name="op-tiny",
                     path=model)
     assert refused(reply, "Model1", "io.syntrop.model.manage"), reply
+
+
+def test_a_daemon_account_gets_only_what_its_allow_lists_name(authz: Instance) -> None:
+    """modeld, runtimed and routerd each run as an account of their own, in
+    the syntrop group: routerd's reaches runtimed's fleet hand-off (Prefill)
+    and runtimed's modeld's OpenModel, and nothing else; the operator rule
+    leaves the daemon accounts out."""
+    def may(user: str, interface: str, method: str, action: str,
+            **parameters: Any) -> bool:
+        reply = as_user(authz, user, f"io.syntrop.{interface}", method, **parameters)
+        if refused(reply, interface, action):
+            return False
+        assert "NotAuthorized" not in str(reply.get("error")), reply
+        return True
+
+    prefill = {"model": "nosuch", "messages": [{"role": "user", "content": "hi"}]}
+    assert may("syntrop-router", "Runtime1", "Prefill", "io.syntrop.runtime.manage", **prefill)
+    assert not may("syntrop-router", "Runtime1", "Unload", "io.syntrop.runtime.manage")
+    assert not may("syntrop-router", "Model1", "OpenModel", "io.syntrop.model.read",
+                   name="nosuch")
+    assert not may("syntrop-router", "Model1", "Remove", "io.syntrop.model.manage",
+                   name="nosuch")
+    assert may("syntrop-runtime", "Model1", "OpenModel", "io.syntrop.model.read",
+               name="nosuch")
+    assert not may("syntrop-runtime", "Model1", "Remove", "io.syntrop.model.manage",
+                   name="nosuch")
+    assert not may("syntrop-runtime", "Runtime1", "Unload", "io.syntrop.runtime.manage")
+    assert not may("syntrop-model", "Runtime1", "Prefill", "io.syntrop.runtime.manage",
+                   **prefill)
+    assert not may("syntrop-model", "Router1", "Reload", "io.syntrop.router.manage")

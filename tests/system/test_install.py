@@ -36,6 +36,22 @@ def test_install_again_restores_units_and_reloads_systemd(instance: Instance) ->
         assert os.readlink(instance.host_path(f"/usr/local/bin/{name}")).startswith("/opt/syntrop/")
 
 
+def test_each_daemon_that_is_not_root_has_its_own_account_in_the_syntrop_group(
+        instance: Instance) -> None:
+    """Made once (the instance's install and test_install_again's run did
+    not make them twice); the units run as them."""
+    uids = set()
+    for user, daemon in (("syntrop-model", "modeld"), ("syntrop-runtime", "runtimed"),
+                         ("syntrop-router", "routerd")):
+        entries = instance.run(["getent", "passwd", user]).stdout.splitlines()
+        assert len(entries) == 1, entries
+        uids.add(entries[0].split(":")[2])
+        groups = instance.run(["id", "-gn", user]).stdout.split()
+        assert groups == ["syntrop"], (user, groups)
+        assert instance.show(f"{daemon}.service", "User")["User"] == user
+    assert len(uids) == 3, uids
+
+
 def test_install_fails_in_one_line(instance: Instance) -> None:
     result = instance.run([INSTALL, "--wheelhouse", "/nonexistent"], check=False)
     assert result.returncode == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from syntrop.cli.launcher import DAEMONS, Daemon
+from syntrop.varlink import authz
 from tests.support import REPO
 
 UNITS = REPO / "units"
@@ -157,14 +158,36 @@ def test_seed_settings_are_kept() -> None:
         "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
         "OOMScoreAdjust": "-800",
         "RestrictNamespaces": "yes",
-        "User": "syntrop",
+        "User": "syntrop-router",
     }.items():
         assert one(routerd, "Service", key) == value, key
-    # The daemons that ask polkit run as a static user that reaches the bus.
-    for name in ("modeld", "runtimed", "routerd"):
+    # The daemons that ask polkit run as a static user that reaches the bus,
+    # each its own (authz's allow-lists name them), all in the syntrop group.
+    users = {"modeld": authz.MODEL_USER, "runtimed": authz.RUNTIME_USER,
+             "routerd": authz.ROUTER_USER}
+    for name, user in users.items():
         unit = parse(UNITS / f"{name}.service")
-        assert one(unit, "Service", "User") == one(unit, "Service", "Group") == "syntrop"
+        assert one(unit, "Service", "User") == user, name
+        assert one(unit, "Service", "Group") == "syntrop", name
         assert "DynamicUser" not in unit.get("Service", {}), name
+    install = (REPO / "scripts" / "install").read_text()
+    for user in users.values():
+        assert f'"{user}:' in install, user  # scripts/install makes it
+
+
+def test_each_polkit_action_a_daemon_asks_about_is_owned_by_its_account() -> None:
+    """polkit answers a non-root daemon about another uid's process only
+    where the action names the daemon's account as its owner."""
+    import xml.etree.ElementTree as ET
+
+    policy = ET.parse(REPO / "polkit" / "io.syntrop.policy")
+    owners = {a.get("id"): {x.text for x in a.iter("annotate")
+                            if x.get("key") == "org.freedesktop.policykit.owner"}
+              for a in policy.iter("action")}
+    assert owners[authz.MANAGE_MODELS] == owners[authz.READ_MODELS] == {
+        f"unix-user:{authz.MODEL_USER}"}
+    assert owners[authz.MANAGE_RUNTIME] == {f"unix-user:{authz.RUNTIME_USER}"}
+    assert owners[authz.MANAGE_ROUTER] == {f"unix-user:{authz.ROUTER_USER}"}
 
 
 # --- systemd-analyze -------------------------------------------------------------

@@ -458,9 +458,9 @@ class ModelService(Model1):
 
     @implements
     async def OpenModel(self, *, name: str) -> OpenModelResult:
-        # Weights are not public: runtimed (the suite's own user), root, or
-        # whom polkit grants model.read (the syntrop group, by the rule).
-        await authz.authorize(authz.READ_MODELS, NotAuthorized)
+        # Weights are not public: root, runtimed (which loads them), or whom
+        # polkit grants model.read (the syntrop group's operators, by the rule).
+        await authz.authorize(authz.READ_MODELS, NotAuthorized, allow=(authz.RUNTIME_USER,))
         entry = self._entry(name)
         async with self.lock:
             try:

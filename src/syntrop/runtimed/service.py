@@ -82,6 +82,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_TEXT = 1 << 20
+#: Who besides root (and polkit's runtime.manage) may export and import a
+#: prompt's state (Prefill, Chat's prefix_state): routerd's fleet hand-off.
+#: Unload stays root's and polkit's.
+HANDOFF = (authz.ROUTER_USER,)
 MAX_MESSAGES = 256
 MAX_INPUTS = 256
 ROLES = ("system", "user", "assistant")
@@ -246,8 +250,8 @@ class RuntimeService(Runtime1):
                         state: FileDescriptor | None = None) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
         triage = await checks.triage(priority)
-        if state is not None:
-            await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized)
+        if state is not None:  # a prefix state: routerd's fleet hand-off, or an operator
+            await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized, allow=HANDOFF)
         options = checks.options(None, self.config)
         compiled = await checks.constraint(constraint)
         params = checks.bounded(checks.params(sampling, options.n_ctx), compiled, options.n_ctx)
@@ -311,7 +315,7 @@ class RuntimeService(Runtime1):
     @implements
     async def Prefill(self, *, model: str, messages: list[ChatMessage]) -> PrefillResult:
         turns = _turns(messages)
-        await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized)
+        await authz.authorize(authz.MANAGE_RUNTIME, NotAuthorized, allow=HANDOFF)
         options = checks.options(None, self.config)
         with contextlib.ExitStack() as held:
             resident = await self._hold(model)
@@ -380,8 +384,9 @@ class RuntimeService(Runtime1):
 
     @staticmethod
     def _may(uid: int) -> bool:
-        """Whether the caller may act on a session `uid` opened: its opener,
-        root, or runtimed itself. To anyone else it does not exist."""
+        """Whether the caller may act on a session `uid` opened: its opener or
+        root (no other daemon: routerd reaches only the sessions it opened).
+        To anyone else it does not exist."""
         return authz.privileged(current_peer(), uid)
 
     def _session(self, session_id: str) -> Session:

@@ -4,11 +4,18 @@ A method that changes something either concerns the caller's own things
 (its lease, its pid, its unit) or is privileged. A caller is let through
 when it is
 
-- root, or the daemon's own uid (dev mode runs the daemons as the user);
+- root;
+- one of the daemon accounts the method names (`allow`: a daemon that calls
+  another's method, e.g. routerd's fleet hand-off calling runtimed's
+  Prefill), resolved to uids once;
 - the owner of the thing (`owner_uid`), for methods on the caller's own;
+- the daemon's own uid in dev mode only (`syn up` runs every daemon as the
+  user who started it): a daemon running as one of `DAEMON_ACCOUNTS` lets
+  no caller through for sharing its uid;
 - authorized by polkit for the method's action (io.syntrop.*, installed by
   scripts/install as data/polkit/io.syntrop.policy; the shipped rule grants
-  the `syntrop` group the operator actions).
+  the `syntrop` group's members the operator actions, except the daemon
+  accounts, which are in that group too).
 
 Anyone else gets the interface's declared `NotAuthorized` error naming the
 action. Where polkit cannot be asked (no system bus, no polkitd, no answer
@@ -19,8 +26,10 @@ Every interface declares its own `NotAuthorized` through `not_authorized()`
 """
 
 import asyncio
+import functools
 import logging
 import os
+import pwd
 from typing import Any
 
 from asyncvarlink import TypedVarlinkErrorReply
@@ -42,6 +51,16 @@ MANAGE_RUNTIME = "io.syntrop.runtime.manage"
 MANAGE_ROUTER = "io.syntrop.router.manage"
 TRIAGE = "io.syntrop.sentry.triage"
 REMEDIATE = "io.syntrop.tool.execute"
+
+
+# The static accounts scripts/install makes, one per daemon that is not root
+# (units/*.service User=), all in the `syntrop` group.
+MODEL_USER = "syntrop-model"
+RUNTIME_USER = "syntrop-runtime"
+ROUTER_USER = "syntrop-router"
+#: Accounts daemons run as in production, the one they shared before too:
+#: running as one of them, a daemon's own uid is no privilege.
+DAEMON_ACCOUNTS = ("syntrop", MODEL_USER, RUNTIME_USER, ROUTER_USER)
 
 
 def not_authorized(interface: str) -> type[TypedVarlinkErrorReply]:
@@ -93,17 +112,41 @@ class _Checker:
 checker = _Checker()
 
 
-def privileged(peer: Peer, owner_uid: int | None = None) -> bool:
-    """Root, the daemon's own uid, or the owner: no polkit needed."""
-    return peer.uid in (0, os.geteuid()) or (owner_uid is not None and peer.uid == owner_uid)
+@functools.cache
+def uid_of(account: str) -> int | None:
+    """The uid of `account`, looked up once; None where it does not exist."""
+    try:
+        return pwd.getpwnam(account).pw_uid
+    except KeyError:
+        return None
+
+
+def _dev_mode(own_uid: int) -> bool:
+    """Whether this daemon runs as an ordinary user (`syn up`), not as root
+    or one of the daemon accounts."""
+    return own_uid != 0 and own_uid not in {uid_of(a) for a in DAEMON_ACCOUNTS}
+
+
+def privileged(peer: Peer, owner_uid: int | None = None, *,
+               allow: tuple[str, ...] = ()) -> bool:
+    """Root, a daemon account in `allow`, the owner, or (dev mode only) the
+    daemon's own uid: no polkit needed."""
+    if peer.uid < 0:
+        return False  # no credentials
+    if peer.uid == 0 or (owner_uid is not None and peer.uid == owner_uid):
+        return True
+    if any(peer.uid == uid_of(account) for account in allow):
+        return True
+    own = os.geteuid()
+    return peer.uid == own and _dev_mode(own)
 
 
 async def authorize(action: str, error: type[TypedVarlinkErrorReply], *,
-                    owner_uid: int | None = None) -> Peer:
+                    owner_uid: int | None = None, allow: tuple[str, ...] = ()) -> Peer:
     """The caller, when it may do `action` (see the module); else `error`
     naming the action. Only valid inside a Varlink method."""
     peer = current_peer()
-    if privileged(peer, owner_uid):
+    if privileged(peer, owner_uid, allow=allow):
         return peer
     if await checker.check(action, peer):
         return peer
@@ -111,7 +154,8 @@ async def authorize(action: str, error: type[TypedVarlinkErrorReply], *,
     raise error(action=action)
 
 
-async def allowed(action: str, *, owner_uid: int | None = None) -> bool:
+async def allowed(action: str, *, owner_uid: int | None = None,
+                  allow: tuple[str, ...] = ()) -> bool:
     """Whether the caller may do `action`, without raising."""
     peer = current_peer()
-    return privileged(peer, owner_uid) or await checker.check(action, peer)
+    return privileged(peer, owner_uid, allow=allow) or await checker.check(action, peer)
