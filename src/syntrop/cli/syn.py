@@ -88,21 +88,23 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _default_model(run: Path) -> None:
     """Register the default models in modeld, pinned (syntrop.packaged:
-    SmolLM2, and Qwen2.5-Coder-0.5B, sentry's triage model), each unless
+    SmolLM2, and Qwen2.5-Coder-0.5B, sentry's triage model), and the voices
+    (joe, for Runtime1.Speak and routerd's /v1/audio/speech), each unless
     modeld already has a model of that name or its packages are not
     installed. A failure is reported, not fatal: the suite is up either way."""
     import asyncio
 
     from syntrop import packaged
 
-    for model in packaged.DEFAULTS:
+    for model in (*packaged.DEFAULTS, *packaged.VOICES):
+        kind = "voice" if model in packaged.VOICES else "default model"
         if not packaged.installed(model):
             print(f"  no {model.name}: its packages ({model.packages[0]}, …) are not installed")
             continue
         try:
-            print(f"  default model: {asyncio.run(_register(run, model))}")
+            print(f"  {kind}: {asyncio.run(_register(run, model))}")
         except Exception as error:  # the suite is up; say why the model is not
-            print(f"syn: the default model {model.name} was not registered: {error}",
+            print(f"syn: the {kind} {model.name} was not registered: {error}",
                   file=sys.stderr)
 
 
@@ -316,7 +318,7 @@ def parser() -> argparse.ArgumentParser:
                          f"(repeatable; also ${LISTEN}, comma-separated)")
     up.add_argument("--no-model", action="store_true",
                     help="do not register the default models (SmolLM2, "
-                         "Qwen2.5-Coder-0.5B) in modeld")
+                         "Qwen2.5-Coder-0.5B) and the voice joe in modeld")
     up.set_defaults(func=cmd_up)
     status = with_dir(commands.add_parser("status", help="show the daemons"))
     status.add_argument("--json", action="store_true", help="machine-readable output")

@@ -20,6 +20,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                504: "api_error"}
 ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
              "/v1/embeddings": "embeddings"}
+#: OpenAI's text to speech (routerd/speech.py).
+SPEECH_PATH = "/v1/audio/speech"
 #: Each endpoint's field that holds the prompt.
 PROMPT_FIELDS = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
 #: Most choices one request may ask for (n).

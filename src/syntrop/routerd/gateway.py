@@ -17,6 +17,7 @@ from syntrop.config import Paths
 from syntrop.routerd import scoring
 from syntrop.routerd.api import (
     ENDPOINTS,
+    SPEECH_PATH,
     BadRequest,
     Response,
     check,
@@ -95,7 +96,7 @@ class Gateway:
         path = path.partition("?")[0]
         response = await self._handle(method, path, body, traffic, forwarded, caller)
         known = path in ENDPOINTS or path in RERANK_PATHS or \
-            path in ("/v1/models", "/health", "/v1/messages", "/v1/responses")
+            path in ("/v1/models", "/health", "/v1/messages", "/v1/responses", SPEECH_PATH)
         key = ("/v1/models/{id}" if path.startswith("/v1/models/") else
                "/v1/responses/{id}" if path.startswith("/v1/responses/") else
                path if known else "other",
@@ -123,6 +124,10 @@ class Gateway:
         if path in RERANK_PATHS or path in ("/v1/messages", "/v1/responses") or \
                 path.startswith("/v1/responses/"):
             return await self._translated(method, path, body, traffic, forwarded, caller)
+        if path == SPEECH_PATH:
+            from syntrop.routerd.speech import speech
+
+            return await speech(self, method, body, traffic)
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return error(404, f"unknown endpoint {path}", "unknown_url")

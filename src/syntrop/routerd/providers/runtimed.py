@@ -378,6 +378,21 @@ class RuntimedProvider(Basics):
         return {"object": "list", "data": data, "model": body["model"],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
+    async def speak(self, model: str, text: str, voice: str | None,
+                    speed: float | None) -> AsyncGenerator[bytes, None]:
+        """Runtime1.Speak: the speech's S16LE mono 24 kHz PCM, packet by
+        packet as runtimed sends it; runtimed's errors as they come (the
+        caller maps them: routerd/speech.py). Closing the generator closes
+        the connection, which cancels the call (its worker stops)."""
+        import base64
+
+        client = await self._client()
+        async with client:
+            async for reply in client.Speak(model=model, text=text, voice=voice, speed=speed):
+                packet = reply["packet"] if isinstance(reply, dict) else reply
+                if packet.audio:
+                    yield base64.b64decode(packet.audio)
+
     async def prefill(self, body: dict[str, Any]) -> int:
         """A chat request's prompt prefilled (Runtime1.Prefill, the same
         turns Chat would be asked): a memfd of its KV state, the caller's."""
