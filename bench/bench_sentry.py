@@ -320,6 +320,10 @@ async def _prompt_only(real: "Any", messages: list[tuple[str, str]]) -> None:
 DECIDE_P99 = 1.8
 ANSWERED = 0.90
 INCIDENT_P99 = 3.0
+#: The seed's: context → lease → decide at the median, warm, at load <= 1
+#: (seconds); and its p99 with a busy loop on each core.
+SEED_P50 = 0.200
+SEED_P99_BUSY = 1.0
 #: Rounds of the whole set (33 incidents, warm and cold each) by default:
 #: 2 minutes in all on 2 cores with both busy (measured; were every decide
 #: to run out its budget, about 5).
@@ -345,6 +349,8 @@ class Triaged:
     decide_s: float | None
     decide_outcome: str
     whole_s: float
+    #: context + lease + decide phases (the seed's emergency triage path).
+    path_s: float = 0.0
     #: How long runtimed ran on after the incident (an abandoned answer).
     settle_s: float = 0.0
     #: In the warm session: PrefillSuffix's and Decode's seconds.
@@ -421,6 +427,8 @@ async def _triage_one(phases: Phases, offer: "Offer", mode: str) -> Triaged:
                    rules=tuple(s.tool for s in offer.rules.steps), right=incident.right,
                    decide_s=decided.duration_usec / 1e6 if asked else None,
                    decide_outcome=decided.outcome, whole_s=whole, settle_s=settled,
+                   path_s=sum(p.duration_usec for p in record.phases
+                              if p.name in ("context", "lease", "decide")) / 1e6,
                    split=(int(split[1]) / 1e3, int(split[2]) / 1e3) if split else None)
 
 
@@ -496,6 +504,14 @@ def load_report(out: list[Triaged]) -> None:
             print(f"  decide                p50 {statistics.median(decides) * 1e3:7.0f} ms   "
                   f"p99 {p99 * 1e3:7.0f} ms   n={len(decides)}   target p99 <= "
                   f"{DECIDE_P99 * 1e3:.0f} ms: {_against(p99 * 1e3, DECIDE_P99 * 1e3, 'ms')}")
+        paths = [t.path_s for t in mine if t.decide_s is not None]
+        if paths:
+            p50, p99 = statistics.median(paths), _pct(paths, 0.99)
+            print(f"  context→lease→decide  p50 {p50 * 1e3:7.0f} ms   p99 {p99 * 1e3:7.0f} ms   "
+                  f"the seed's p50 <= {SEED_P50 * 1e3:.0f} ms (load <= 1): "
+                  f"{_against(p50 * 1e3, SEED_P50 * 1e3, 'ms')}; p99 <= "
+                  f"{SEED_P99_BUSY * 1e3:.0f} ms (busy cores): "
+                  f"{_against(p99 * 1e3, SEED_P99_BUSY * 1e3, 'ms')}")
         splits = [t.split for t in mine if t.split is not None]
         if splits:
             print(f"  of which, p50         PrefillSuffix "
@@ -524,14 +540,16 @@ def load_report(out: list[Triaged]) -> None:
               f"{INCIDENT_P99 * 1e3:.0f} ms: {_against(p99 * 1e3, INCIDENT_P99 * 1e3, 'ms')}")
 
 
-def run_load(rounds: int, incidents: int | None, model: str) -> None:
-    """--load: the node, one busy loop per core (always killed), the set."""
+def run_load(rounds: int, incidents: int | None, model: str, busy_loops: int | None) -> None:
+    """--load: the node, one busy loop per core (or `busy_loops`; always
+    killed), the set."""
     cores = os.cpu_count() or 1
+    loops = cores if busy_loops is None else busy_loops
     print(f"CPU: {cpu_model()}, {cores} cores; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"budgets: config defaults (decide {Config().budgets.decide_usec // 1000} ms, "
           f"decide_ready {Config().budgets.decide_ready_usec // 1000} ms); {rounds} rounds; "
-          f"{cores} busy loops")
+          f"{loops} busy loops")
     # A SIGTERM ends the run through the finally below, busy loops killed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.perf_counter()
@@ -552,14 +570,14 @@ def run_load(rounds: int, incidents: int | None, model: str) -> None:
         with varlink.Client(address=inferenced.address) as client:
             client.get_interfaces()
         os.environ["RUNTIME_DIRECTORY"] = str(root / "run")
-        busy = _busy_loops(cores)
+        busy = _busy_loops(loops)
         try:
             out = asyncio.run(under_load(rounds, incidents, model))
             during = os.getloadavg()
         finally:
             _stop(busy)
     load_report(out)
-    print(f"load average at the end (busy loops running): {during[0]:.2f}; "
+    print(f"load average at the end ({loops} busy loops running): {during[0]:.2f}; "
           f"{time.perf_counter() - started:.0f} s in all")
 
 
@@ -576,12 +594,15 @@ def main() -> None:
                         help=f"default 20 (--live, --plans), {LOAD_ROUNDS} (--load)")
     parser.add_argument("--incidents", type=int, default=None,
                         help="--load: only this many of the set, spread over it")
+    parser.add_argument("--busy", type=int, default=None,
+                        help="--load: busy loops beside it (default one per core; 0: the "
+                             "seed's p50 at rest)")
     parser.add_argument("--model", default=QWEN_CODER_05B.name,
                         help="--load: the triage model (default the shipped one, "
                              f"{QWEN_CODER_05B.name}; or smollm2)")
     args = parser.parse_args()
     if args.load:
-        run_load(args.rounds or LOAD_ROUNDS, args.incidents, args.model)
+        run_load(args.rounds or LOAD_ROUNDS, args.incidents, args.model, args.busy)
         return
     args.rounds = args.rounds or 20
     if args.plans:

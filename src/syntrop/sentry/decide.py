@@ -297,6 +297,26 @@ def answer_schema(offered: list[Plan]) -> dict[str, Any]:
     return {"enum": [name for name, _ in named(offered)]}
 
 
+#: In a warm session the answer's opening quote is part of the prompt (the
+#: assistant's turn opened with it): the model writes only the plan's name,
+#: constrained by `answer_regex`, and the closing quote stops the decode
+#: before it is evaluated. A one-token name is then one decode step after
+#: the prefill, where the JSON string took three and the end of the turn.
+OPENING = '"'
+
+
+def answer_regex(offered: list[Plan]) -> str:
+    """The rest of the answer after OPENING: an offered plan's name and the
+    closing quote."""
+    return "(" + "|".join(re.escape(name) for name, _ in named(offered)) + ')"'
+
+
+def parse_rest(text: str, offered: list[Plan]) -> Plan:
+    """The offered plan an answer begun by OPENING names (the closing quote
+    there or cut by the stop)."""
+    return parse(OPENING + text.strip().removesuffix('"') + '"', offered)
+
+
 def parse(text: str, offered: list[Plan]) -> Plan:
     """The offered plan the answer names. Strict: one JSON string, the name
     of an offered plan."""

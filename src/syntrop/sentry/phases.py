@@ -310,8 +310,9 @@ class Live:
         self._partial = None
         evidence = decide.Evidence(unit=unit, findings=findings, cause=cause, journal=journal)
         if self.warm is not None:
-            text, tokens, how = await self.session_answer(
-                decide.suffix_messages(evidence, offered), decide.answer_schema(offered))
+            rest, tokens, how = await self.session_answer(
+                decide.suffix_messages(evidence, offered), decide.answer_regex(offered))
+            text = decide.OPENING + rest.strip().removesuffix('"') + '"'  # as written
         else:
             text, tokens = await self.chat(decide.messages(evidence, offered),
                                            decide.answer_schema(offered))
@@ -319,7 +320,8 @@ class Live:
         timing = f"{tokens} tokens; {how} {(time.monotonic() - started) * 1e3:.0f} ms"
         offer = " | ".join(p.describe() for p in offered)
         try:
-            chosen = decide.parse(text, offered)
+            chosen = decide.parse_rest(rest, offered) if self.warm is not None \
+                else decide.parse(text, offered)
         except decide.AnswerError as error:
             raise decide.AnswerError(f"answer {decide.summarise(text)!r} rejected: {error} "
                                      f"(offered {offer}; {timing})") from None
@@ -327,18 +329,20 @@ class Live:
                                                f"{offer}; {timing})")
 
     @staticmethod
-    def _sampling() -> "Sampling":
+    def _sampling(stop: list[str] | None = None) -> "Sampling":
         from syntrop.interfaces.runtime import Sampling
         from syntrop.sentry import decide
 
         return Sampling(max_tokens=decide.MAX_TOKENS, temperature=decide.TEMPERATURE,
-                        top_p=None, top_k=None, seed=decide.SEED, stop=None)
+                        top_p=None, top_k=None, seed=decide.SEED, stop=stop)
 
-    async def session_answer(self, suffix: list[tuple[str, str]], schema: dict[str, Any]
+    async def session_answer(self, suffix: list[tuple[str, str]], regex: str
                              ) -> tuple[str, int, str]:
         """This incident's turn prefilled after the warm session's prefix,
-        and the answer decoded (greedy, short, seeded, constrained to
-        `schema`). Returns the text, the tokens and how, in words."""
+        the answer's opening quote with it (decide.OPENING), and the rest
+        decoded (greedy, short, seeded, constrained to `regex`, stopped by
+        the closing quote before it is evaluated). Returns the text after
+        the opening quote, the tokens and how, in words."""
         from syntrop.interfaces.runtime import Constraint
         from syntrop.sentry.warm import chatml
 
@@ -349,8 +353,11 @@ class Live:
         def seen(text: str, tokens: int) -> None:
             self._partial = (text, tokens, since)
 
-        answer = await self.warm.answer(chatml(suffix, answer=True), self._sampling(),
-                                        Constraint(json_schema=json.dumps(schema)), seen)
+        from syntrop.sentry.decide import OPENING
+
+        answer = await self.warm.answer(chatml(suffix, answer=True) + OPENING,
+                                        self._sampling(stop=['"']), Constraint(regex=regex),
+                                        seen)
         again = ", reopened" if answer.reopened else ""
         return answer.text, answer.tokens, (
             f"session{again} ({answer.prefix_tokens} prefix tokens kept, "

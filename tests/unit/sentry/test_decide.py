@@ -128,3 +128,23 @@ def test_the_prefix_is_the_same_for_every_offer_and_the_suffix_is_the_incident()
         assert chat[:len(prefix)] == prefix
         assert chat[len(prefix):] == decide.suffix_messages(EVIDENCE, offered)
     assert [role for role, _ in decide.suffix_messages(EVIDENCE, OFFERED)] == ["user"]
+
+
+def test_a_warm_answer_is_the_name_after_the_opening_quote() -> None:
+    """The session's prompt opens the answer with its quote: the model
+    writes the name, the closing quote (or the stop that cut it) ends it."""
+    import re
+
+    from syntrop.sentry.findings import Plan, Step
+
+    undo = Plan(steps=(Step(tool="revert_dropin", parameters={"unit": "a.service"}),))
+    restart = Plan(steps=(Step(tool="unit_restart", parameters={"unit": "a.service"}),))
+    offered = [undo, restart, Plan()]
+    pattern = decide.answer_regex(offered)
+    assert re.fullmatch(pattern, 'undo"') and re.fullmatch(pattern, 'nothing"')
+    assert not re.fullmatch(pattern, 'reload"') and not re.fullmatch(pattern, '"undo"')
+    assert decide.parse_rest("restart", offered) is restart
+    assert decide.parse_rest('undo"', offered) is undo
+    assert decide.parse_rest("nothing", offered).steps == ()
+    with pytest.raises(decide.AnswerError):
+        decide.parse_rest("reload", offered)
