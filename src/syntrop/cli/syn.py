@@ -337,6 +337,9 @@ def parser() -> argparse.ArgumentParser:
     from syntrop.cli import incidents
 
     incidents.register(commands)  # incidents
+    from syntrop.cli import say
+
+    say.register(commands)  # say
     return top
 
 

@@ -10,15 +10,15 @@ mid-stream closes the Speak call (its worker stops)."""
 
 import logging
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.routerd.api import BadRequest, Response, error, parse
 from syntrop.routerd.providers.runtimed import RuntimedProvider
 
 if TYPE_CHECKING:
-    from syntrop.routerd.gateway import Gateway
+    from syntrop.routerd.queues import Admission
     from syntrop.routerd.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,18 @@ RUNTIMED_SPEEDS = (0.5, 2.0)
 #: A streaming WAV's RIFF and data sizes: unknown until the end, so the
 #: largest (as streaming servers write them); readers take the data to EOF.
 UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+class Gateway(Protocol):
+    """What speech asks of routerd's gateway (gateway.py, which imports this)."""
+
+    registry: "Registry"
+    admission: "Admission"
+    requests_total: int
+    #: Called when a request ends.
+    changed: Callable[[], None]
+
+    async def _admit(self, traffic: str) -> Response | None: ...
 
 
 def wav_header(rate: int = RATE) -> bytes:
@@ -124,7 +136,7 @@ def refused(failure: BaseException, model: str) -> Response:
     return error(provider_error.status, provider_error.message, "upstream_error")
 
 
-async def speech(gateway: "Gateway", method: str, body: bytes, traffic: str) -> Response:
+async def speech(gateway: Gateway, method: str, body: bytes, traffic: str) -> Response:
     """POST /v1/audio/speech: checked, admitted like a model request (its
     place held until the stream ends), its first packet awaited before the
     answer (so that runtimed's refusal is the status), then streamed."""
@@ -160,7 +172,7 @@ async def speech(gateway: "Gateway", method: str, body: bytes, traffic: str) -> 
                     headers=((b"x-syntrop-provider", provider.config.id.encode()),))
 
 
-def _leave(gateway: "Gateway", traffic: str) -> None:
+def _leave(gateway: Gateway, traffic: str) -> None:
     """Give back the place in flight the request was admitted to."""
     gateway.admission.leave(traffic)
     gateway.changed()
