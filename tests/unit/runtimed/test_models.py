@@ -8,7 +8,7 @@ import pytest
 
 from syntrop.prefix import reported
 from syntrop.runtimed.protocol import Options
-from syntrop.runtimed.worker.engine import Engine
+from syntrop.runtimed.worker.engine import Engine, Weights
 from syntrop.runtimed.worker.pool import REUSE_MIN, Pool
 
 
@@ -30,11 +30,11 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Context]]:
     """Contexts the pool loads, as stand-ins, in order."""
     made: list[Context] = []
 
-    def load(fd: int, options: Options, **_: object) -> Context:
+    def context(weights: Weights) -> Context:
         made.append(Context())
         return made[-1]
 
-    monkeypatch.setattr(Engine, "load", load)
+    monkeypatch.setattr(Weights, "context", context)
     yield made
 
 

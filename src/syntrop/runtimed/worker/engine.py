@@ -211,6 +211,9 @@ class Engine:
         #: The most threads this context may use, and what it uses now.
         self.max_threads = threads
         self._threads = threads
+        #: The weights this context runs on when they are shared (`Weights`):
+        #: closing it then frees its context only.
+        self.weights: Weights | None = None
 
     @classmethod
     def load(cls, fd: int, options: Options, *, vocab_only: bool = False,
@@ -596,4 +599,87 @@ class Engine:
         return int(self._llama.n_embd())
 
     def close(self) -> None:
-        self._llama.close()
+        if self.weights is None:
+            self._llama.close()
+        else:  # the model stays, for the other contexts on it
+            self._llama._ctx.close()
+            self._llama._batch.close()
+
+
+class Weights:
+    """A model loaded once for the contexts of one `Options`, shared by all
+    of them: llama.cpp runs several contexts over one llama_model, so a
+    pool's slots hold one copy of the weights and each context only its own
+    KV cache, batch and token buffers. The first context is loaded whole
+    (its `Llama` owns the model); later ones are that `Llama`'s settings
+    over a context of their own on its model (`_share`). `close` frees the
+    model, and with it every context still on it."""
+
+    def __init__(self, fd: int, options: Options, placed: Placed | None = None) -> None:
+        self.fd = fd
+        self.options = options
+        self.placed = placed
+        self._owner: Any = None
+        self._lock = threading.Lock()
+
+    def context(self) -> Engine:
+        """A new context on these weights (LoadError when they do not load)."""
+        from syntrop.runtimed.cpu import plane_threads
+
+        with self._lock:
+            if self._owner is None:
+                engine = Engine.load(self.fd, self.options, placed=self.placed)
+                self._owner = engine.llama
+            else:
+                free = 0 if self.options.n_threads else plane_threads()
+                kwargs = llama_kwargs(self.fd, self.options, self.placed or Placed(), free=free)
+                threads = int(kwargs["n_threads"])
+                engine = Engine(_share(self._owner, threads), threads)
+        engine.weights = self
+        return engine
+
+    def close(self) -> None:
+        with self._lock:
+            owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.close()
+
+
+def _share(owner: Any, threads: int) -> Any:
+    """A `Llama` over `owner`'s model with a context of its own: `owner`'s
+    settings (the same context parameters but its thread count) and fresh
+    per-context state, as `Llama.__init__` makes it. Closing it frees its
+    context and batch, never the model."""
+    import contextlib
+    import ctypes
+
+    import numpy as np
+    from llama_cpp import Llama, llama_cpp
+    from llama_cpp import _internals as internals
+
+    llama = Llama.__new__(type(owner))
+    llama.__dict__.update(owner.__dict__)
+    params = llama_cpp.llama_context_params.from_buffer_copy(owner.context_params)
+    params.n_threads = params.n_threads_batch = threads
+    llama.context_params = params
+    llama.n_threads = llama.n_threads_batch = threads
+    llama._stack = contextlib.ExitStack()
+    try:
+        llama._ctx = llama._stack.enter_context(contextlib.closing(
+            internals.LlamaContext(model=owner._model, params=params, verbose=False)))
+        llama._batch = llama._stack.enter_context(contextlib.closing(
+            internals.LlamaBatch(n_tokens=llama.n_batch, embd=0, n_seq_max=params.n_ctx,
+                                 verbose=False)))
+    except ValueError as error:  # llama.cpp could not make the context
+        llama._stack.close()
+        raise LoadError(str(error)) from None
+    llama._lora_adapter = None
+    llama._candidates = internals.LlamaTokenDataArray(n_vocab=llama._n_vocab)
+    llama._sampler = None
+    llama.cache = None
+    llama.n_tokens = 0
+    llama._requires_eval = True
+    llama.input_ids = np.ndarray(owner.input_ids.shape, dtype=np.intc)
+    llama.scores = np.ndarray(owner.scores.shape, dtype=np.single)
+    llama._mirostat_mu = ctypes.c_float(2.0 * 5.0)
+    return llama

@@ -20,6 +20,10 @@ The pool knows which chats each idle context holds (`Engine.prefixes`,
 digests of syntrop.prefix) and reports them (`cache`), so that routers can
 send a conversation where its start is resident. Tokens decide reuse;
 digests are only what the pool says about it.
+
+The contexts of one options share one load of the weights (`Weights`): a
+new slot costs its KV cache, not another copy of the model. The weights are
+freed when no context of theirs is left (`trim`, `close`).
 """
 
 import os
@@ -31,7 +35,7 @@ from typing import Any
 from syntrop.interfaces.runtime import InvalidModel
 from syntrop.runtimed.protocol import Options, Placed
 from syntrop.runtimed.sessions import common_prefix
-from syntrop.runtimed.worker.engine import Engine, LoadError
+from syntrop.runtimed.worker.engine import Engine, LoadError, Weights
 
 #: Tokens an idle context must share with a prompt to be taken for it
 #: rather than a fresh one (below this, the reuse is a chat template's
@@ -72,6 +76,10 @@ class Pool:
     vocabulary: str | None = None
     #: Where its contexts run (the face's placement; None: the CPU).
     placed: Placed | None = None
+    #: The weights its contexts run on, one load per options.
+    weights: dict[Options, Weights] = field(default_factory=dict)
+    #: Closed: contexts given back are closed, the weights freed with the last.
+    closed: bool = False
     _tokenizer: Engine | None = None
 
     @classmethod
@@ -126,8 +134,11 @@ class Pool:
                 engine.prefixes = ()  # what it holds changes now
                 self.busy[id(engine)] = (options, tokens or [], stop, budget)
                 return engine
+            weights = self.weights.get(options)
+            if weights is None:
+                weights = self.weights[options] = Weights(self.fd, options, self.placed)
         try:
-            engine = Engine.load(self.fd, options, placed=self.placed)
+            engine = weights.context()
         except BaseException as error:
             with self.lock:
                 self.made[options] -= 1
@@ -173,8 +184,15 @@ class Pool:
     def give(self, options: Options, engine: Engine) -> None:
         with self.lock:
             self.busy.pop(id(engine), None)
-            self.idle.setdefault(options, []).append(engine)
-            self.lock.notify_all()
+            if not self.closed:
+                self.idle.setdefault(options, []).append(engine)
+                self.lock.notify_all()
+                return
+            self.made[options] = self.made.get(options, 0) - 1
+            unused = self._unused()
+        engine.close()
+        for weights in unused:
+            weights.close()
 
     def cache(self) -> dict[str, Any]:
         """What the idle contexts hold, for routers: the chat prefixes'
@@ -185,15 +203,24 @@ class Pool:
                 "cached_contexts": len(held)}
 
     def trim(self) -> int:
-        """Close the idle contexts kept for later requests; how many."""
+        """Close the idle contexts kept for later requests, and the weights
+        no context uses any more; how many contexts."""
         with self.lock:
             pools, self.idle = self.idle, {}
             for options, pool in pools.items():
                 self.made[options] = self.made.get(options, 0) - len(pool)
+            unused = self._unused()
         engines = [engine for pool in pools.values() for engine in pool]
         for engine in engines:
             engine.close()
+        for weights in unused:
+            weights.close()
         return len(engines)
+
+    def _unused(self) -> list[Weights]:
+        """Take out the weights no context uses (under the lock)."""
+        unused = [options for options in self.weights if self.made.get(options, 0) <= 0]
+        return [self.weights.pop(options) for options in unused]
 
     def close(self) -> None:
         if self.batcher is not None:
@@ -203,5 +230,7 @@ class Pool:
             if engine is not None:
                 engine.close()
         self.batch_engine = self._tokenizer = None
+        with self.lock:
+            self.closed = True  # contexts still in use close when given back
         self.trim()
         os.close(self.fd)
