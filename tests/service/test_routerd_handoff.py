@@ -6,8 +6,10 @@ which is decoding a long stream: the idle node's runtimed prefills it
 answers from it. The answer is the same greedy text as the home prefilling
 it itself, and the home computed only the prompt's last token."""
 
+import contextlib
 import http.client
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -42,7 +44,73 @@ if shutil.which("etcd") is None:
 NODES = ("a", "b")
 #: A node's mutual-TLS listener, as a member reaches it: (certificates, port).
 Member = tuple[Path, int]
-Fleet = tuple[Cluster, dict[str, int], dict[str, Activated], dict[str, Member]]
+Fleet = tuple[Cluster, dict[str, int], dict[str, Activated], dict[str, Member],
+              dict[str, Activated], "MemoryCap"]
+#: routerd's MemoryMax (units/routerd.service).
+ROUTERD_MEMORY = 32 << 20
+#: Bytes of a SmolLM2-135M state per token: 30 layers' keys and values, 3
+#: KV heads of 64 in f16.
+STATE_PER_TOKEN = 30 * 2 * 3 * 64 * 2
+
+
+class MemoryCap:
+    """A child of this test's memory cgroup limited to `limit` bytes (no
+    swap), as routerd's unit runs it; `usable` False where none can be made
+    here (not root, no memory controller: the test runs uncapped)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        own = next((line.split(":", 2)[2]
+                    for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if line.split(":", 2)[1] in ("memory", "")), "/")
+        v1 = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+        self.v1 = v1.is_dir()
+        self.parent = v1 if self.v1 else Path("/sys/fs/cgroup") / own.lstrip("/")
+        self.group = self.parent / f"routerd-test-{os.getpid()}"
+        try:
+            self.group.mkdir()
+            if self.v1:
+                (self.group / "memory.limit_in_bytes").write_text(str(limit))
+            else:
+                (self.group / "memory.max").write_text(str(limit))
+                (self.group / "memory.swap.max").write_text("0")
+            self.usable = True
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.group.rmdir()
+            self.usable = False
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """This process in the group meanwhile: what it starts stays there."""
+        if not self.usable:
+            yield
+            return
+        (self.group / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield
+        finally:
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+
+    def said(self) -> dict[str, int]:
+        """The group's peak usage and OOM kills (empty when not usable)."""
+        if not self.usable:
+            return {}
+        if self.v1:
+            oom = (self.group / "memory.oom_control").read_text().split()
+            return {"peak": int((self.group / "memory.max_usage_in_bytes").read_text()),
+                    "oom_kills": int(oom[oom.index("oom_kill") + 1])}
+        events = (self.group / "memory.events").read_text().split()
+        return {"peak": int((self.group / "memory.peak").read_text()),
+                "oom_kills": int(events[events.index("oom_kill") + 1])}
+
+    def close(self) -> None:
+        """The group removed once what it held has ended."""
+        if self.usable:
+            with contextlib.suppress(OSError):
+                for pid in (self.group / "cgroup.procs").read_text().split():
+                    (self.parent / "cgroup.procs").write_text(pid)
+                self.group.rmdir()
 
 
 def long_chat() -> dict[str, Any]:
@@ -52,6 +120,10 @@ def long_chat() -> dict[str, Any]:
     return {"model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": [
         {"role": "system", "content": f"You are a guide to rivers. {rules}"},
         {"role": "user", "content": "Name one famous river."}]}
+
+
+#: The node routing sends long_chat to (its prefix's home).
+HOME = homes(chain(turns(long_chat()) or [])[0][0], NODES)[0]
 
 
 def connect(port: int, member: Member | None) -> http.client.HTTPConnection:
@@ -129,7 +201,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     with ExitStack() as stack:
         stack.callback(cluster.close)
         cluster.start_all()
-        ports, runtimes, members = {}, {}, {}
+        ports, runtimes, members, routers = {}, {}, {}, {}
+        cap = MemoryCap(ROUTERD_MEMORY)
+        stack.callback(cap.close)
         for name in NODES:
             root = tmp_path / name
             (root / "config").mkdir(parents=True)
@@ -143,7 +217,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
                 f'ttl = 3\n{tls_fleet(certs, tls_port)}'
                 "handoff_tokens = 1024\n")
             runtimes[name] = stack.enter_context(model_node(root, stack))
-            router = stack.enter_context(activated("routerd", root))
+            # The chat's home pulls the state: its routerd starts capped.
+            with cap.entered() if name == HOME else contextlib.nullcontext():
+                router = routers[name] = stack.enter_context(activated("routerd", root))
             with varlink.Client(address=router.address) as client, \
                     client.open("io.syntrop.Router1") as proxy:
                 proxy.GetStatus()  # routerd started, its HTTP listener open
@@ -151,27 +227,33 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
                 {"role": "user", "content": "Hi"}]})  # the model loaded, not in the test
         wait("both nodes publish their load", lambda: all(
             free_slots(cluster, n) == 2 for n in NODES), 30)
-        yield cluster, ports, runtimes, members
+        yield cluster, ports, runtimes, members, routers, cap
 
 
 def test_a_busy_home_answers_from_an_idle_nodes_prefill(fleet: Fleet) -> None:
-    cluster, ports, runtimes, members = fleet
+    """The home's routerd runs under its unit's MemoryMax (32M) and pulls a
+    state larger than that: it copies the state into runtimed's pipe as it
+    comes, holding none of it, and is not OOM-killed."""
+    cluster, ports, runtimes, members, routers, cap = fleet
     body = long_chat()
-    digests = chain(turns(body) or [])
-    home = homes(digests[0][0], NODES)[0]  # where routing sends it
-    idle = next(n for n in NODES if n != home)
+    home, idle = HOME, next(n for n in NODES if n != HOME)
     busy = Busy(members[home])
     try:
         wait("the home publishes its busy slot", lambda: free_slots(cluster, home) == 1, 15)
         handed, headers = post(ports[idle], body)
     finally:
         busy.stop()
+    memory = cap.said()
+    print(f"the home's routerd, started under a {ROUTERD_MEMORY >> 20} MiB cap: {memory}")
+    assert routers[home].process.poll() is None, "the home's routerd died"
+    assert not memory.get("oom_kills"), memory
     assert headers.get("x-syntrop-handoff") == idle, headers
     assert headers.get("x-syntrop-provider") == f"fleet:{home}", headers
     usage = handed["usage"]
     # The home evaluated the last prompt token only: the rest was handed.
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     assert usage["prompt_tokens"] > 2048
+    assert usage["prompt_tokens"] * STATE_PER_TOKEN > ROUTERD_MEMORY  # more than the cap
 
     # The same chat prefilled at the home (forwarded: served there), once
     # the stream has stopped and nothing is resident there.

@@ -867,8 +867,13 @@ class Runtime1(Interface, name=NAME):
             prefix_state: A Prefill's state of this chat's prompt (another
                 node's prefill hand-off; root, runtimed's own user or the
                 runtime.manage authorization): restored instead of
-                prefilling what it holds. A state of another prompt, or one
-                that does not fit, is not used (the prompt is prefilled).
+                prefilling what it holds. Either a memfd sealed against
+                writes, shrinking and growth, or a pipe or socket that
+                runtimed reads to its end into a memfd of its own (the
+                caller writes the state in as it comes, holding none of
+                it). A state of another prompt, one cut short, or one that
+                does not fit (more bytes than the model's context can
+                hold) is not used (the prompt is prefilled).
 
         Returns:
             chunk: The next piece of the answer.

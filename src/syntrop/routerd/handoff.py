@@ -13,8 +13,10 @@ are not resident there, and another member is idle, then:
 2. the target's routerd pulls the state (`pull`): the helper's runtimed
    prefills the prompt but its last token, 1024 tokens a step
    (Runtime1.Prefill), through the helper's POST /v1/syntrop/prefill
-   (`serve`) or directly when the helper is its own runtimed; the bytes go
-   into a memfd as they come;
+   (`serve`) or directly when the helper is its own runtimed (a memfd); a
+   member's bytes go, as they come, into a pipe whose read end is Chat's
+   prefix_state: routerd (MemoryMax=32M) never holds a state, runtimed
+   reads it into a memfd of its own; at most MAX_PULLS at once;
 3. the target's runtimed answers with that state restored (Chat's
    prefix_state), computing only the prompt's last token, the same greedy
    tokens as prefilling itself (tests/service/test_runtimed_handoff.py).
@@ -36,6 +38,7 @@ from syntrop.routerd import scoring
 from syntrop.routerd.api import BadRequest, Response, check, error, parse
 from syntrop.routerd.providers import Provider, ProviderError
 from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ PREFILL_PATH = "/v1/syntrop/prefill"
 CHARS_PER_TOKEN = 4
 #: Bytes of a state read per step when it is sent.
 SEND_CHUNK = 1 << 20
+#: Pulls one routerd runs at once; a chat beyond them prefills itself.
+MAX_PULLS = 2
 
 
 class Handoff:
@@ -56,8 +61,10 @@ class Handoff:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        #: Outcomes, for /metrics: planned, pulled, failed, served.
+        #: Outcomes, for /metrics: planned, pulled, failed, busy, served.
         self.counts: dict[str, int] = {}
+        #: Pulls under way: from their start until their state is copied.
+        self.pulling = 0
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -124,21 +131,43 @@ class Handoff:
         return found
 
     async def pull(self, provider: str, request: dict[str, Any]) -> int | None:
-        """The state of `request`'s prompt from `provider` (a memfd, the
-        caller's), or None when it could not be had."""
+        """The state of `request`'s prompt from `provider` (a descriptor,
+        the caller's: a memfd, or a pipe a member's state is copied into as
+        it comes), or None when it could not be had, or when MAX_PULLS are
+        under way already (the caller prefills)."""
+        if self.pulling >= MAX_PULLS:
+            logger.info("prefill hand-off from %s: %d pulls under way, prefilling here",
+                        provider, self.pulling)
+            self._count("busy")
+            return None
         started = time.monotonic()
+        self.pulling += 1
         try:
-            fd = await self.registry.providers[provider].prefill(
+            found = self.registry.providers[provider]
+            fd = await found.prefill(
                 {k: v for k, v in request.items() if k not in ("stream", HANDOFF)})
         except (ProviderError, KeyError, OSError) as failure:
+            self.pulling -= 1
             logger.warning("prefill hand-off from %s failed, prefilling here: %s", provider,
                            getattr(failure, "message", failure))
             self._count("failed")
             return None
+        except BaseException:
+            self.pulling -= 1
+            raise
+        copy = found.copies.get(fd) if isinstance(found, PeerProvider) else None
+        if copy is None:
+            self._pulled(provider, started, os.fstat(fd).st_size)
+        else:  # a pull lasts until its copy ends
+            copy.add_done_callback(lambda done: self._pulled(provider, started, None))
         self._count("pulled")
-        logger.info("prefill hand-off: %d bytes of state from %s in %.2f s",
-                    os.fstat(fd).st_size, provider, time.monotonic() - started)
         return fd
+
+    def _pulled(self, provider: str, started: float, size: int | None) -> None:
+        self.pulling -= 1
+        logger.info("prefill hand-off: %s of state from %s in %.2f s",
+                    "streamed" if size is None else f"{size} bytes", provider,
+                    time.monotonic() - started)
 
     # the helper ---------------------------------------------------------------
 

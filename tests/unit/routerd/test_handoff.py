@@ -3,12 +3,20 @@ what each provider is sent of it (body_for): pure logic over a real
 Registry, runtimed's load a stand-in."""
 
 import asyncio
+import itertools
+import os
+import stat
+import threading
+import tracemalloc
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
 from syntrop.config import Paths
 from syntrop.routerd.config import Config, FleetConfig, ProviderConfig
-from syntrop.routerd.handoff import HANDOFF, Handoff, body_for
+from syntrop.routerd.handoff import HANDOFF, MAX_PULLS, Handoff, body_for
 from syntrop.routerd.providers import REGISTRY, Capabilities
 from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
 from syntrop.routerd.scoring import Scored
 
@@ -183,3 +191,128 @@ def test_the_prefill_endpoint_refuses_what_is_not_a_members_chat() -> None:
         assert answer.status == status, (method, body, answer.body)
         assert "error" in json.loads(answer.body)
     assert gateway.admission.busy["user"] == 0  # every place given back
+
+
+# pulling a member's state (peer.py's prefill, handoff.py's pull) -----------------
+
+CHUNK = 64 << 10
+
+
+class Canned:
+    """Stands in for a member's answer to POST /v1/syntrop/prefill: `parts`
+    of a state, generated as they are asked for, the last after `gate`."""
+
+    status = 200
+
+    def __init__(self, parts: Iterable[bytes], gate: asyncio.Event | None = None) -> None:
+        self.parts, self.gate, self.closed = parts, gate, False
+
+    async def body(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+        if self.gate is not None:
+            await self.gate.wait()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Member(PeerProvider):
+    """A member whose prefills answer with Canned bodies."""
+
+    def __init__(self, answer: Callable[[], Canned]) -> None:
+        super().__init__(MEMBER)
+        self.answer = answer
+        self.answered: list[Canned] = []
+
+    async def _open(self, method: str, path: str, body: bytes | None,
+                    root: bool = False) -> Any:
+        self.answered.append(self.answer())
+        return self.answered[-1]
+
+
+def drain(fd: int, into: bytearray) -> threading.Thread:
+    """runtimed's side: `fd` read to its end by a thread into `into`'s
+    buffer (allocated before, reused), the count kept in its first 8 bytes."""
+    def read() -> None:
+        view, total = memoryview(into)[8:], 0
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            while count := pipe.readinto(view):
+                total += count
+        into[:8] = total.to_bytes(8, "little")
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread
+
+
+def test_a_members_state_is_copied_through_a_pipe_in_bounded_chunks() -> None:
+    """routerd runs under MemoryMax=32M and a state is tens of MB: 100 MiB
+    copied through the pipe runtimed reads moves with routerd's memory
+    (tracemalloc's peak, the reader's buffer allocated before) at a few
+    chunks."""
+    total = 1600 * CHUNK  # 100 MiB, made a chunk at a time
+    member = Member(lambda: Canned(bytes(CHUNK) for _ in range(1600)))
+    buffer = bytearray(8 + (1 << 20))
+
+    async def pull() -> tuple[int, int]:
+        tracemalloc.start()
+        try:
+            fd = await member.prefill({"model": "m", "messages": []})
+            assert stat.S_ISFIFO(os.fstat(fd).st_mode)
+            reader = drain(fd, buffer)
+            await member.copies[fd]
+            await asyncio.to_thread(reader.join)
+            return tracemalloc.get_traced_memory()[1], int.from_bytes(buffer[:8], "little")
+        finally:
+            tracemalloc.stop()
+
+    peak, received = asyncio.run(pull())
+    assert received == total
+    assert peak < 4 * CHUNK, f"routerd held {peak} bytes copying {total}"
+    assert member.answered[0].closed and not member.copies
+
+
+def test_a_copy_ends_when_runtimed_stops_reading() -> None:
+    """A reader gone (runtimed refused the state, or the chat never went
+    to it and the gateway closed its descriptor) ends the copy."""
+    member = Member(lambda: Canned(itertools.repeat(bytes(CHUNK))))  # endless
+
+    async def pull() -> None:
+        fd = await member.prefill({"model": "m", "messages": []})
+        copy = member.copies[fd]
+        await asyncio.sleep(0.05)  # the pipe is full by now
+        os.close(fd)
+        await asyncio.wait_for(copy, 5)
+
+    asyncio.run(pull())
+    assert member.answered[0].closed and not member.copies
+
+
+def test_at_most_max_pulls_at_once_the_others_prefill_themselves() -> None:
+    gate = asyncio.Event()
+    found = registry(2, 1)
+    member = Member(lambda: Canned([b"state"], gate))
+    found.providers["fleet:b"] = member
+    handoff = Handoff(found)
+    request = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+
+    async def pulls() -> None:
+        fds = [await handoff.pull("fleet:b", request) for _ in range(MAX_PULLS + 1)]
+        assert fds[-1] is None and None not in fds[:-1]
+        assert handoff.counts == {"pulled": MAX_PULLS, "busy": 1}
+        assert handoff.pulling == MAX_PULLS
+        gate.set()  # the states are through: the pulls are over
+        for fd in fds[:-1]:
+            assert fd is not None
+            assert await asyncio.to_thread(os.read, fd, 64) == b"state"
+            os.close(fd)
+        await asyncio.gather(*member.copies.values())
+        assert handoff.pulling == 0
+        fd = await handoff.pull("fleet:b", request)
+        assert fd is not None
+        os.close(fd)
+        await asyncio.gather(*member.copies.values())
+
+    asyncio.run(pulls())
+    assert handoff.pulling == 0 and len(member.answered) == MAX_PULLS + 1

@@ -2,8 +2,11 @@
 from a sealed memfd no larger than the context can hold, mapped rather than
 copied; anything else is left unused (None), never an error."""
 
+import contextlib
 import fcntl
 import os
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ METADATA = {"general.architecture": "llama", "llama.block_count": "30",
             "llama.embedding_length": "576", "llama.attention.head_count": "9",
             "llama.attention.head_count_kv": "3"}
 N_CTX = 4096
+DIGEST_BYTES = handoff.DIGEST
 STATE = Saved(tokens=[1, 2, 3, 4], data=b"kv" * 512)
 
 
@@ -75,11 +79,77 @@ def test_a_regular_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert "not a memfd" in caplog.text
 
 
-def test_a_pipe_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+def piped(data: bytes) -> int:
+    """The read end of a pipe `data` is written into (by a thread, as
+    routerd copies a member's state in as it comes), then closed."""
     read, write = os.pipe()
-    os.close(write)
-    assert handed(read) is None
-    assert "not a regular file" in caplog.text
+
+    def send() -> None:
+        with os.fdopen(write, "wb") as out, contextlib.suppress(BrokenPipeError):
+            out.write(data)
+
+    threading.Thread(target=send, daemon=True).start()
+    return read
+
+
+def state_bytes() -> bytes:
+    fd = memfd_of(STATE, "test-state", header(), sealed=True)
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_pipe_is_read_to_its_end_into_a_sealed_memfd_of_the_workers() -> None:
+    saved = handed(piped(state_bytes()))
+    assert saved is not None
+    assert saved.tokens == STATE.tokens and bytes(saved.data) == STATE.data
+    taken = handoff.take(piped(b"x" * (3 << 20)), 4 << 20)
+    try:
+        assert os.fstat(taken).st_size == 3 << 20
+        assert fcntl.fcntl(taken, fcntl.F_GET_SEALS) & SEALS == SEALS
+    finally:
+        os.close(taken)
+
+
+def test_a_socket_is_read_like_a_pipe() -> None:
+    ours, theirs = socket.socketpair()
+    def send() -> None:
+        ours.sendall(state_bytes())
+        ours.shutdown(socket.SHUT_WR)
+
+    with ours:
+        threading.Thread(target=send, daemon=True).start()
+        saved = handed(theirs.detach())
+    assert saved is not None and saved.tokens == STATE.tokens
+
+
+def test_a_pipe_cut_short_or_empty_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    assert handed(piped(b"")) is None
+    assert "another model file" in caplog.text
+    assert handed(piped(state_bytes()[:DIGEST_BYTES + 12])) is None
+    assert "truncated" in caplog.text
+
+
+def test_a_pipe_past_the_bound_is_refused_unread(caplog: pytest.LogCaptureFixture) -> None:
+    """The bound is the worker's (state_bytes): it stops reading there."""
+    limit = handoff.state_bytes(METADATA, 16)
+    fd = piped(header() + bytes(limit))
+    assert handoff.handed([fd], DIGEST, 16, lambda: METADATA) is None
+    assert "more than a state of this context can take" in caplog.text
+    with pytest.raises(ValueError, match="more than"):
+        handoff.take(piped(b"x" * 1025), 1024)
+
+
+def test_a_stalled_pipe_is_refused() -> None:
+    read, write = os.pipe()
+    os.write(write, b"x")
+    try:
+        with pytest.raises(ValueError, match="nothing of the state came"):
+            handoff.take(read, 1024, idle=0.05)
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 def test_a_state_larger_than_the_context_holds_is_refused(

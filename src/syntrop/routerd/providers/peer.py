@@ -3,13 +3,20 @@
 It serves the same OpenAI API; its GET /health advertises its health and
 free accelerator memory, and the time that takes is its round-trip time."""
 
+import asyncio
 import json
+import logging
 import os
 import time
 from typing import Any
 
 from syntrop.routerd.providers.base import MAX_STATE_BYTES, Capabilities, ProviderError
-from syntrop.routerd.providers.openai import OpenAIProvider
+from syntrop.routerd.providers.openai import OpenAIProvider, _Exchange
+
+logger = logging.getLogger(__name__)
+
+#: Bytes of a pulled state written into runtimed's pipe at a time.
+COPY_CHUNK = 64 << 10
 
 
 class PeerProvider(OpenAIProvider):
@@ -24,6 +31,8 @@ class PeerProvider(OpenAIProvider):
         self.rtt_ms: float | None = None
         self.free_accelerator_bytes: int | None = None
         self.advertised_at = float("-inf")
+        #: Pulled states being copied into runtimed's pipes, by read end.
+        self.copies: dict[int, asyncio.Task[None]] = {}
 
     async def advertise(self) -> None:
         """Ask the peer's /health; ProviderError when it is not healthy."""
@@ -47,30 +56,69 @@ class PeerProvider(OpenAIProvider):
 
     async def prefill(self, body: dict[str, Any]) -> int:
         """A chat request's prompt prefilled by the peer's runtimed (its
-        POST /v1/syntrop/prefill, handoff.py): the state it streams back,
-        copied as it comes into a memfd, the caller's, sealed against
-        writes, shrinking and growth (runtimed takes no other)."""
-        import fcntl
-
+        POST /v1/syntrop/prefill, handoff.py): the read end of a pipe that
+        the state it streams back is copied into, COPY_CHUNK bytes at a
+        time, as runtimed reads it (its Chat's prefix_state). routerd never
+        holds the state: its memory stays flat however large that is.
+        The copy (`copies`, by that descriptor) ends at the body's end, at
+        a failure (the pipe closes early: runtimed refuses a state cut
+        short) or when the reader is gone."""
         exchange = await self._open("POST", "/syntrop/prefill", json.dumps(body).encode())
-        fd = os.memfd_create("syntrop-handoff", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            try:
-                if exchange.status != 200:
-                    raise await self._failed(exchange)
-                received = 0
-                async for part in exchange.body():
-                    received += len(part)
-                    if received > MAX_STATE_BYTES:
-                        raise ProviderError(502, "the peer's prefill state is too large")
-                    view = memoryview(part)
-                    while view:
-                        view = view[os.write(fd, view):]
-            finally:
-                exchange.close()
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
-                        fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            if exchange.status != 200:
+                raise await self._failed(exchange)
+            read, write = os.pipe2(os.O_CLOEXEC)
         except BaseException:
-            os.close(fd)
+            exchange.close()
             raise
-        return fd
+        os.set_blocking(write, False)
+        task = asyncio.create_task(self._copy(exchange, write))
+        self.copies[read] = task
+        task.add_done_callback(lambda done: self._copied(read, done))
+        return read
+
+    def _copied(self, read: int, task: "asyncio.Task[None]") -> None:
+        if self.copies.get(read) is task:
+            del self.copies[read]
+        if not task.cancelled() and (failure := task.exception()) is not None:
+            logger.warning("prefill hand-off from %s cut short: %s", self.config.id,
+                           getattr(failure, "message", failure))
+
+    async def _copy(self, exchange: "_Exchange", write: int) -> None:
+        """The response's body into the pipe `write` (closed at the end)."""
+        received = 0
+        try:
+            async for part in exchange.body():
+                received += len(part)
+                if received > MAX_STATE_BYTES:
+                    raise ProviderError(502, "the peer's prefill state is too large")
+                if not await copy_into(write, part):
+                    return  # runtimed stopped reading (or never began): nothing to do
+        finally:
+            exchange.close()
+            os.close(write)
+
+
+async def copy_into(fd: int, data: bytes) -> bool:
+    """Write `data` into the non-blocking pipe `fd`, at most COPY_CHUNK bytes
+    per write, waiting while the pipe is full; False when its reader is gone."""
+    loop = asyncio.get_running_loop()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view[:COPY_CHUNK]):]
+        except BlockingIOError:
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _settle, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(fd)
+        except BrokenPipeError:
+            return False
+    return True
+
+
+def _settle(ready: "asyncio.Future[None]") -> None:
+    if not ready.done():
+        ready.set_result(None)

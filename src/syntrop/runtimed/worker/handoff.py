@@ -11,9 +11,11 @@ llama.cpp's sequence state in worker/saved.py's format; the prefill runs
 CHUNK tokens per evaluation, the cancel and the pace board looked at
 between chunks.
 
-A state handed in is taken only from a sealed memfd (saved.SEALS: nobody
-can change it while it is read) no larger than the model's context can
-hold (`state_bytes`), and is mapped, not copied; one that fails a check is
+A state handed in is taken from a sealed memfd (saved.SEALS: nobody can
+change it while it is read), or read from a pipe or socket to its end into
+one of the worker's own (`take`: routerd copies a member's state in as it
+comes, holding none of it), no larger than the model's context can hold
+(`state_bytes`); the memfd is mapped, not copied; one that fails a check is
 left unused and the prompt is prefilled. Its tokens are all that is checked
 of it, so the context it went into stays its request's: the KV is dropped
 when the request ends, and the pool neither reuses nor reports it
@@ -23,6 +25,7 @@ when the request ends, and the pool neither reuses nor reports it
 import fcntl
 import logging
 import os
+import select
 import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +53,10 @@ OVERHEAD = 1 << 20
 #: Prompt tokens evaluated per step of an exported prefill (the seed's
 #: micro-batch): a cancel waits at most one chunk.
 CHUNK = 1024
+#: Bytes of a state handed in through a pipe read at a time, and the
+#: seconds the sender may leave it waiting before it is refused.
+READ_CHUNK = 1 << 20
+READ_IDLE = 30.0
 
 
 def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots: int,
@@ -117,23 +124,59 @@ def state_bytes(metadata: Mapping[str, str], n_ctx: int) -> int:
 
 def handed(fds: list[int], digest: str, n_ctx: int,
            metadata: Callable[[], Mapping[str, str]]) -> Saved | None:
-    """The state handed in with a request (fds[0], if any) when it is of
-    the model of `digest` and passes `check` (`metadata()`: the model's, for
-    the bound), every descriptor closed; None without one, or when it is of
-    another model, fails a check or cannot be read."""
+    """The state handed in with a request (fds[0], if any: a sealed memfd,
+    or a pipe or socket read to its end into one here, `take`) when it is
+    of the model of `digest` and passes `check` (`metadata()`: the model's,
+    for the bound), every descriptor closed; None without one, or when it
+    is of another model, fails a check or cannot be read."""
+    taken: int | None = None
     try:
         if not fds:
             return None
-        check(fds[0], state_bytes(metadata(), n_ctx))
-        if os.pread(fds[0], DIGEST, 0) != _header(digest):
+        limit = state_bytes(metadata(), n_ctx)
+        fd = fds[0]
+        if stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode):
+            fd = taken = take(fd, limit)
+        check(fd, limit)
+        if os.pread(fd, DIGEST, 0) != _header(digest):
             raise ValueError("a state of another model file")
-        return map_saved(fds[0], DIGEST, n_ctx)
+        return map_saved(fd, DIGEST, n_ctx)
     except (OSError, ValueError, MemoryError) as error:
         logger.warning("a handed-in prefix state is not used: %s", error)
         return None
     finally:
-        for fd in fds:
+        for fd in fds if taken is None else [*fds, taken]:
             os.close(fd)
+
+
+def take(fd: int, limit: int, idle: float = READ_IDLE) -> int:
+    """A new memfd, sealed with saved.SEALS, holding what the pipe or socket
+    `fd` gives until its end, read READ_CHUNK bytes at a time (the state's
+    sender holds none of it: routerd copies a member's state in as it
+    comes); ValueError past `limit` bytes, or when nothing comes for `idle`
+    seconds."""
+    out = os.memfd_create("syntrop-handed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
+        size = 0
+        while True:
+            if not waiting.poll(int(idle * 1000)):
+                raise ValueError(f"nothing of the state came for {idle:g} s")
+            part = os.read(fd, min(READ_CHUNK, limit + 1 - size))
+            if not part:
+                break
+            size += len(part)
+            if size > limit:
+                raise ValueError(f"more than a state of this context can take ({limit})")
+            view = memoryview(part)
+            while view:
+                view = view[os.write(out, view):]
+        fcntl.fcntl(out, fcntl.F_ADD_SEALS, SEALS)
+    except BaseException:
+        os.close(out)
+        raise
+    return out
 
 
 def check(fd: int, limit: int) -> None:
