@@ -32,13 +32,12 @@ import stat
 from typing import Any
 
 from syntrop.system.sandbox import SandboxError
-from syntrop.system.systemd import SystemdError, UnitState
-from syntrop.toold import dropins, errors
+from syntrop.system.systemd import UnitState
+from syntrop.toold import dropins, errors, watched
 from syntrop.toold.context import Context, now_usec
 from syntrop.toold.helper import Refused, open_dir
 from syntrop.toold.tools.base import UNIT, Outcome, Param, Plan, Tool
 
-POLL = 0.1
 ROOT = "/etc/"
 #: The most of the diff a plan shows.
 MAX_SHOWN_DIFF = 8192
@@ -202,25 +201,6 @@ class RevertConfig(Tool):
             raise SandboxError(f"writing {plan.data['path']}: {reply['warnings']}")
         return applied
 
-    async def _restart_and_watch(self, ctx: Context, plan: Plan, window: float
-                                 ) -> tuple[str, UnitState, int]:
-        unit = str(plan.unit)
-        systemd = await ctx.systemd()
-        if plan.data["reload"]:
-            await systemd.reload()
-        before = await systemd.unit_state(unit)
-        job = await systemd.run_job("RestartUnit", unit, timeout=ctx.config.job_timeout)
-        state = await systemd.unit_state(unit)
-        worst = _health(state)
-        deadline = asyncio.get_running_loop().time() + window
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(POLL)
-            state = await systemd.unit_state(unit)
-            worst = min(worst, _health(state))
-        if state.n_restarts > before.n_restarts and window > 0:
-            worst = 0  # systemd restarted it in the window: it failed in between
-        return job.result, state, worst
-
     async def execute(self, plan: Plan, ctx: Context) -> Outcome:
         unit, path = str(plan.unit), plan.data["path"]
         before: UnitState = plan.data["before"]
@@ -237,44 +217,11 @@ class RevertConfig(Tool):
         details: dict[str, Any] = {"snapshot_id": snapshot, "source": plan.data["source"],
                                    "path": path, "diff": plan.data["diff"],
                                    "before": before.active_state}
-        sandbox: list[str] = []
-        try:
-            sandbox = await self._write(ctx, plan, plan.data["target"])
-            job, after, health = await self._restart_and_watch(ctx, plan, plan.data["window"])
-        except (SandboxError, SystemdError, errors.ToolError) as error:
-            ctx.drop_systemd()
-            changed, restored = await self._restore(ctx, plan)
-            return Outcome(outcome="failed", message=f"revert failed: {error}; {restored}",
-                           rolled_back=changed, sandbox=sandbox,
-                           previous_active_state=before.active_state, details=details)
-        details.update(job_after_revert=job, health_before=_health(before),
-                       health_after=health, state_after_revert=after.active_state)
-        if health < _health(before):
-            _, restored = await self._restore(ctx, plan)
-            try:
-                job2, final, _ = await self._restart_and_watch(ctx, plan, 0)
-            except (SystemdError, errors.ToolError) as error:
-                ctx.drop_systemd()
-                return Outcome(outcome="failed", rolled_back=True, sandbox=sandbox,
-                               message=f"{unit} was worse ({after.active_state}); {restored}; "
-                                       f"restarting after the rollback failed: {error}",
-                               job_result=job, previous_active_state=before.active_state,
-                               details=details)
-            details.update(job_after_rollback=job2)
-            return Outcome(
-                outcome="rolled_back", rolled_back=True, sandbox=sandbox, job_result=job2,
-                active_state=final.active_state, previous_active_state=before.active_state,
-                message=f"{unit} was worse after the revert ({after.active_state}, was "
-                        f"{before.active_state}); {restored}; it is {final.active_state} now",
-                details=details)
-        ok = health >= 2
-        return Outcome(
-            outcome="succeeded" if ok else "failed", sandbox=sandbox, job_result=job,
-            active_state=after.active_state, previous_active_state=before.active_state,
-            message=f"reverted {path} from {plan.data['source']}; restart job {job}; "
-                    f"{unit} is {after.active_state}"
-                    + ("" if ok else " (no worse than before, so the revert is kept)"),
-            details=details)
+        return await watched.apply(watched.Revert(
+            unit=unit, before=before, window=plan.data["window"], reload=plan.data["reload"],
+            what=f"reverted {path} from {plan.data['source']}",
+            write=lambda: self._write(ctx, plan, plan.data["target"]),
+            restore=lambda: self._restore(ctx, plan)), ctx, details)
 
     async def _restore(self, ctx: Context, plan: Plan) -> tuple[bool, str]:
         """Write the snapshot back: (whether anything was written, what
@@ -289,6 +236,3 @@ class RevertConfig(Tool):
             return False, f"restoring the snapshot FAILED: {error}"
         return True, f"restored the snapshot of {path}"
 
-
-def _health(state: UnitState) -> int:
-    return dropins.health(state.active_state, state.result)

@@ -18,12 +18,10 @@ import os
 from typing import Any
 
 from syntrop.system.sandbox import SandboxError
-from syntrop.system.systemd import SystemdError, UnitState
-from syntrop.toold import dropins, errors
+from syntrop.system.systemd import UnitState
+from syntrop.toold import dropins, errors, watched
 from syntrop.toold.context import Context, now_usec
 from syntrop.toold.tools.base import UNIT, Outcome, Param, Plan, Tool
-
-POLL = 0.1
 
 
 class RevertDropin(Tool):
@@ -131,23 +129,6 @@ class RevertDropin(Tool):
             raise SandboxError(f"writing {directory}: {reply.get('error')}")
         return applied
 
-    async def _restart_and_watch(self, ctx: Context, unit: str, window: float
-                                 ) -> tuple[str, UnitState, int]:
-        systemd = await ctx.systemd()
-        await systemd.reload()
-        before = await systemd.unit_state(unit)
-        job = await systemd.run_job("RestartUnit", unit, timeout=ctx.config.job_timeout)
-        state = await systemd.unit_state(unit)
-        worst = dropins.health(state.active_state, state.result)
-        deadline = asyncio.get_running_loop().time() + window
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(POLL)
-            state = await systemd.unit_state(unit)
-            worst = min(worst, dropins.health(state.active_state, state.result))
-        if state.n_restarts > before.n_restarts and window > 0:
-            worst = 0  # systemd restarted it in the window: it failed in between
-        return job.result, state, worst
-
     async def execute(self, plan: Plan, ctx: Context) -> Outcome:
         unit = str(plan.unit)
         before: UnitState = plan.data["before"]
@@ -165,45 +146,11 @@ class RevertDropin(Tool):
         details: dict[str, Any] = {"snapshot_id": snapshot, "source": plan.data["source"],
                                    "changed": plan.data["writes"],
                                    "before": before.active_state}
-        sandbox: list[str] = []
-        try:
-            sandbox = await self._write(ctx, plan, plan.data["change"])
-            job, after, health = await self._restart_and_watch(ctx, unit, plan.data["window"])
-        except (SandboxError, SystemdError, errors.ToolError) as error:
-            ctx.drop_systemd()
-            message = f"revert failed: {error}"
-            changed, restored = await self._restore(ctx, plan, current)
-            return Outcome(outcome="failed", message=f"{message}; {restored}",
-                           rolled_back=changed, sandbox=sandbox,
-                           previous_active_state=before.active_state, details=details)
-        details.update(job_after_revert=job, health_before=_health(before),
-                       health_after=health, state_after_revert=after.active_state)
-        if health < _health(before):
-            _, restored = await self._restore(ctx, plan, current)
-            try:
-                job2, final, _ = await self._restart_and_watch(ctx, unit, 0)
-            except (SystemdError, errors.ToolError) as error:
-                ctx.drop_systemd()
-                return Outcome(outcome="failed", rolled_back=True, sandbox=sandbox,
-                               message=f"{unit} was worse ({after.active_state}); {restored}; "
-                                       f"restarting after the rollback failed: {error}",
-                               job_result=job, previous_active_state=before.active_state,
-                               details=details)
-            details.update(job_after_rollback=job2)
-            return Outcome(
-                outcome="rolled_back", rolled_back=True, sandbox=sandbox, job_result=job2,
-                active_state=final.active_state, previous_active_state=before.active_state,
-                message=f"{unit} was worse after the revert ({after.active_state}, was "
-                        f"{before.active_state}); {restored}; it is {final.active_state} now",
-                details=details)
-        ok = health >= 2
-        return Outcome(
-            outcome="succeeded" if ok else "failed", sandbox=sandbox, job_result=job,
-            active_state=after.active_state, previous_active_state=before.active_state,
-            message=f"reverted {plan.data['directory']} from {plan.data['source']}; restart "
-                    f"job {job}; {unit} is {after.active_state}"
-                    + ("" if ok else " (no worse than before, so the revert is kept)"),
-            details=details)
+        return await watched.apply(watched.Revert(
+            unit=unit, before=before, window=plan.data["window"], reload=True,
+            what=f"reverted {plan.data['directory']} from {plan.data['source']}",
+            write=lambda: self._write(ctx, plan, plan.data["change"]),
+            restore=lambda: self._restore(ctx, plan, current)), ctx, details)
 
     async def _restore(self, ctx: Context, plan: Plan, snapshot: list[dropins.Entry]
                        ) -> tuple[bool, str]:
@@ -219,10 +166,6 @@ class RevertDropin(Tool):
         except (SandboxError, OSError, dropins.UnsafeDirectory, errors.ToolError) as error:
             return False, f"restoring the snapshot FAILED: {error}"
         return True, f"restored the snapshot of {directory}"
-
-
-def _health(state: UnitState) -> int:
-    return dropins.health(state.active_state, state.result)
 
 
 def _check_parent(path: str) -> tuple[bool, None]:
