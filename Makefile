@@ -87,7 +87,7 @@ lint: $(TEST_STAMP)
 bench: $(TEST_STAMP)
 	$(PY) bench/run_all.py
 
-# systemd-sentry heals a unit broken by a bad drop-in, SmolLM2 deciding, on a
+# systemd-sentry heals a unit broken by a bad drop-in, its triage model deciding, on a
 # real systemd booted in private namespaces (root; see scripts/demo.py).
 demo: apt-deps $(TEST_STAMP)
 	$(PY) scripts/demo.py
