@@ -183,9 +183,11 @@ def test_state_directories_belong_to_their_daemons(instance: Instance) -> None:
         ]
     ).stdout.split("\n")
     owners = dict(line.split(" ", 1) for line in listing if line)
-    # modeld, runtimed and routerd: the static user that can ask polkit.
-    for name in ("models", "runtimed", "routerd"):
-        assert owners[f"/var/lib/syntrop/{name}"].startswith("syntrop "), owners
+    # modeld, runtimed and routerd: a static user each (in group syntrop),
+    # which can ask polkit; none may act as another.
+    for name, user in (("models", "syntrop-model"), ("runtimed", "syntrop-runtime"),
+                       ("routerd", "syntrop-router")):
+        assert owners[f"/var/lib/syntrop/{name}"].startswith(f"{user} "), owners
     assert owners["/var/lib/syntrop/inferenced"].startswith("root ")
     assert owners["/var/lib/syntrop/toold"].startswith("root ")
     assert owners["/var/lib/syntrop/sentry"].startswith("root ")
