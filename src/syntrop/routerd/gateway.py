@@ -8,10 +8,9 @@ Transport-free: http.py feeds it requests."""
 import asyncio
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from syntrop.config import Paths
 from syntrop.routerd import scoring
@@ -28,11 +27,11 @@ from syntrop.routerd.api import (
     served_by,
 )
 from syntrop.routerd.config import Config
-from syntrop.routerd.handoff import HANDOFF, PREFILL_PATH, Handoff, body_for
+from syntrop.routerd.handoff import PREFILL_PATH, Handoff
 from syntrop.routerd.offload import Offload
 from syntrop.routerd.pressure import Pressure
-from syntrop.routerd.providers import ProviderError
-from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.providers import Provider, ProviderError
+from syntrop.routerd.providers.base import HANDOFF, Handed
 from syntrop.routerd.queues import USER, Admission
 from syntrop.routerd.registry import Registry
 from syntrop.routerd.relay import CONTINUATION, Opened, Relay
@@ -42,6 +41,8 @@ if TYPE_CHECKING:  # imported on first use: SQLite has no place in the memory bu
     from syntrop.routerd.responses import Responses
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Where rerank is asked for (llama-server's four spellings).
 RERANK_PATHS = frozenset({"/v1/rerank", "/rerank", "/v1/reranking", "/reranking"})
@@ -145,7 +146,6 @@ class Gateway:
             check(endpoint, request)
         except BadRequest as bad:
             return error(400, str(bad), bad.code, bad.param)
-        request.pop(STATE, None)  # a descriptor is the gateway's to give
         asked = request.pop(HANDOFF, None)
         asked = asked if forwarded else None  # only another node names a helper
         model = request.get("model") or self.registry.default_model()
@@ -156,7 +156,8 @@ class Gateway:
         if (refused := await self._admit(traffic)) is not None:
             return refused
         stream = None
-        handed: tuple[tuple[bytes, bytes], ...] = ()
+        handed: Handed | None = None
+        said: tuple[tuple[bytes, bytes], ...] = ()
         try:
             chain = self.router.chain(endpoint, request, model)
             tokens = prompt_tokens(endpoint, request)
@@ -165,13 +166,12 @@ class Gateway:
             if isinstance(candidates, Response):
                 return candidates
             if endpoint == "chat/completions":
-                said = await self._hand_off(request, candidates, tokens, asked)
-                handed = (said,) if said else ()
+                handed, said = await self._hand_off(request, candidates, tokens, asked)
             if not request.get("stream"):
-                response = await self._complete(endpoint, request, candidates, chain)
-                response.headers += handed
+                response = await self._complete(endpoint, request, candidates, chain, handed)
+                response.headers += said
                 return response
-            opened = await self.open_stream(endpoint, request, candidates)
+            opened = await self.open_stream(endpoint, request, candidates, handed)
             if isinstance(opened, ProviderError):
                 return self._failed(opened)
             current, first, chunks = opened
@@ -179,42 +179,41 @@ class Gateway:
             stream = Relay(self, endpoint, request, candidates, current, first, chunks,
                            traffic)
             return Response(200, content_type="text/event-stream", stream=stream.run(),
-                            headers=served_by(current) + handed,
+                            headers=served_by(current) + said,
                             closer=stream.close)
         finally:
-            # runtimed has its own copy once the answer began (or failed).
-            if isinstance(request.get(STATE), int):
-                os.close(request.pop(STATE))
-            request.pop(HANDOFF, None)  # a continuation elsewhere prefills itself
+            # A state no provider took (a continuation elsewhere prefills itself).
+            if handed is not None:
+                handed.close()
             if stream is None:
                 self.admission.leave(traffic)
                 self.changed()
 
     async def _hand_off(self, request: dict[str, Any], candidates: list[scoring.Scored],
-                        tokens: int, asked: Any) -> tuple[bytes, bytes] | None:
+                        tokens: int, asked: Any,
+                        ) -> tuple[Handed | None, tuple[tuple[bytes, bytes], ...]]:
         """The prefill hand-off (handoff.py) for a chat: a state pulled for
-        this node's runtimed (into `request`), or the helper named for the
-        member that answers (`request`'s HANDOFF); the header that says so,
-        or None when there is none."""
+        this node's runtimed, or the helper named for the member that
+        answers; with the header that says so (none without a hand-off).
+        The caller closes it (a state no provider took)."""
         if asked is not None:  # a member routed it here, naming its helper
             named = self.handoff.helper(asked)
             if named is None or (fd := await self.handoff.pull(named, request)) is None:
-                return None
-            request[STATE] = fd
-            return (b"x-syntrop-handoff", self.registry.node_of(named).encode())
+                return None, ()
+            return Handed(fd), ((b"x-syntrop-handoff", self.registry.node_of(named).encode()),)
         planned = await self.handoff.plan(candidates, tokens)
         if planned is None:
-            return None
+            return None, ()
         target, helper = planned
         node = self.registry.node_of(helper.provider)
         if target.provider in {p.id for p in self.registry.fleet}:
-            request[HANDOFF] = {"from": node, "to": target.provider}  # the member pulls it
+            handed = Handed(helper=node, member=target.provider)  # the member pulls it
         elif (fd := await self.handoff.pull(helper.provider,
                                             {**request, "model": helper.model})) is not None:
-            request[STATE] = fd
+            handed = Handed(fd)
         else:
-            return None
-        return (b"x-syntrop-handoff", node.encode())
+            return None, ()
+        return handed, ((b"x-syntrop-handoff", node.encode()),)
 
     async def _admit(self, traffic: str) -> Response | None:
         """Take a place among the requests in flight (waiting at most the
@@ -309,9 +308,15 @@ class Gateway:
         code = "upstream_timeout" if failure.status == 504 else "upstream_error"
         return error(failure.status, failure.message, code)
 
-    async def _complete(self, endpoint: str, request: dict[str, Any],
-                        candidates: list[scoring.Scored],
-                        chain: Sequence[tuple[str, int]] = ()) -> Response:
+    async def _attempt(self, candidates: list[scoring.Scored],
+                       start: Callable[[scoring.Scored, Provider], Awaitable[T]],
+                       ) -> tuple[scoring.Scored, T] | ProviderError:
+        """The one walk over `candidates` (best first) that answering and
+        streaming share: a candidate its breaker holds back is skipped; a
+        retryable failure is counted against it and the next is tried; a
+        failure that is the request's own (not retryable) ends the walk.
+        The first candidate whose `start` succeeds and what it gave; else
+        that failure, or the last one."""
         router = self.router
         last = ProviderError(502, "no provider answered")
         for candidate in candidates:
@@ -319,52 +324,9 @@ class Gateway:
             if not breaker.acquire(time.monotonic()):
                 continue
             started = time.monotonic()
-            provider = self.registry.providers[candidate.provider]
             try:
-                answer = await provider.complete(
-                    endpoint, body_for(provider, {**request, "model": candidate.model}))
+                found = await start(candidate, self.registry.providers[candidate.provider])
             except ProviderError as failure:
-                router.ended(candidate.provider)
-                if not failure.retryable:
-                    breaker.release()
-                    return self._failed(failure)
-                logger.warning("provider %s failed: %s", candidate.provider, failure.message)
-                router.failed(candidate)
-                last = failure
-                continue
-            except BaseException:
-                breaker.release()
-                router.ended(candidate.provider)
-                raise
-            router.ended(candidate.provider)
-            router.succeeded(candidate, (time.monotonic() - started) * 1000)
-            self.registry.affinity.routed(candidate.provider, candidate.model, chain)
-            body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
-            return Response(200, body, headers=served_by(candidate))
-        return self._failed(last)
-
-    async def open_stream(self, endpoint: str, request: dict[str, Any],
-                          candidates: list[scoring.Scored]) -> "Opened | ProviderError":
-        """The first candidate that answers a first chunk: it, the chunk
-        and the rest; or the last failure."""
-        router = self.router
-        last = ProviderError(502, "no provider answered")
-        for candidate in candidates:
-            breaker = router.breaker(candidate)
-            if not breaker.acquire(time.monotonic()):
-                continue
-            started = time.monotonic()
-            provider = self.registry.providers[candidate.provider]
-            body = body_for(provider, {**request, "model": candidate.model})
-            if body.pop(CONTINUATION, False) and provider.capabilities.continues:
-                body["continue_final_message"] = True
-            chunks = provider.stream(endpoint, body)
-            try:
-                first: str | None = await chunks.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except ProviderError as failure:
-                await chunks.aclose()
                 if not failure.retryable:
                     breaker.release()
                     return failure
@@ -374,8 +336,51 @@ class Gateway:
                 continue
             except BaseException:
                 breaker.release()
-                await chunks.aclose()
                 raise
             router.succeeded(candidate, (time.monotonic() - started) * 1000)
-            return candidate, first, chunks
+            return candidate, found
         return last
+
+    async def _complete(self, endpoint: str, request: dict[str, Any],
+                        candidates: list[scoring.Scored],
+                        chain: Sequence[tuple[str, int]] = (),
+                        handed: Handed | None = None) -> Response:
+        async def answer(candidate: scoring.Scored, provider: Provider) -> dict[str, Any] | bytes:
+            try:
+                return await provider.complete(
+                    endpoint, {**request, "model": candidate.model}, handed)
+            finally:
+                self.router.ended(candidate.provider)
+
+        answered = await self._attempt(candidates, answer)
+        if isinstance(answered, ProviderError):
+            return self._failed(answered)
+        candidate, found = answered
+        self.registry.affinity.routed(candidate.provider, candidate.model, chain)
+        body = found if isinstance(found, bytes) else json.dumps(found).encode()
+        return Response(200, body, headers=served_by(candidate))
+
+    async def open_stream(self, endpoint: str, request: dict[str, Any],
+                          candidates: list[scoring.Scored],
+                          handed: Handed | None = None) -> "Opened | ProviderError":
+        """The first candidate that answers a first chunk: it, the chunk
+        and the rest; or the last failure."""
+        async def first_chunk(candidate: scoring.Scored, provider: Provider,
+                              ) -> tuple[str | None, AsyncGenerator[str, None]]:
+            body = {**request, "model": candidate.model}
+            if body.pop(CONTINUATION, False) and provider.capabilities.continues:
+                body["continue_final_message"] = True
+            chunks = provider.stream(endpoint, body, handed)
+            try:
+                return await chunks.__anext__(), chunks
+            except StopAsyncIteration:
+                return None, chunks
+            except BaseException:
+                await chunks.aclose()
+                raise
+
+        opened = await self._attempt(candidates, first_chunk)
+        if isinstance(opened, ProviderError):
+            return opened
+        candidate, (first, chunks) = opened
+        return candidate, first, chunks

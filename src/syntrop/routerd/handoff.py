@@ -9,14 +9,17 @@ are not resident there, and another member is idle, then:
 
 1. the entry node plans it (`plan`): the target stays first, the idle
    member is the helper; a target that is a member gets the helper's node
-   id in the forwarded body (HANDOFF);
+   id in the forwarded body (HANDOFF; within routerd it travels beside the
+   request, as Handed, never in it);
 2. the target's routerd pulls the state (`pull`): the helper's runtimed
    prefills the prompt but its last token, 1024 tokens a step
    (Runtime1.Prefill), through the helper's POST /v1/syntrop/prefill
    (`serve`) or directly when the helper is its own runtimed (a memfd); a
    member's bytes go, as they come, into a pipe whose read end is Chat's
    prefix_state: routerd (MemoryMax=32M) never holds a state, runtimed
-   reads it into a memfd of its own; at most MAX_PULLS at once;
+   reads it into a memfd of its own; at most MAX_PULLS at once; the
+   descriptor rides beside the request (Handed: runtimed's provider takes
+   it once, the gateway closes it if none did);
 3. the target's runtimed answers with that state restored (Chat's
    prefix_state), computing only the prompt's last token, the same greedy
    tokens as prefilling itself (tests/service/test_runtimed_handoff.py).
@@ -36,15 +39,12 @@ from typing import Any
 
 from syntrop.routerd import scoring
 from syntrop.routerd.api import BadRequest, Response, check, error, parse
-from syntrop.routerd.providers import Provider, ProviderError
-from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.providers import ProviderError
 from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-#: The forwarded request's field naming the helper: {"from": node id}.
-HANDOFF = "syntrop_handoff"
 #: Where a member serves prefills for the others.
 PREFILL_PATH = "/v1/syntrop/prefill"
 #: Characters of a prompt per token, as routing estimates them.
@@ -144,8 +144,7 @@ class Handoff:
         self.pulling += 1
         try:
             found = self.registry.providers[provider]
-            fd = await found.prefill(
-                {k: v for k, v in request.items() if k not in ("stream", HANDOFF)})
+            fd = await found.prefill({k: v for k, v in request.items() if k != "stream"})
         except (ProviderError, KeyError, OSError) as failure:
             self.pulling -= 1
             logger.warning("prefill hand-off from %s failed, prefilling here: %s", provider,
@@ -207,18 +206,3 @@ class Handoff:
         size = os.fstat(fd).st_size
         return Response(200, content_type="application/octet-stream", stream=chunks(),
                         closer=close, headers=((b"x-syntrop-state-bytes", b"%d" % size),))
-
-
-def body_for(provider: Provider, body: dict[str, Any]) -> dict[str, Any]:
-    """`body` as `provider` takes it: a state's descriptor (STATE) only for
-    runtimed (a provider reporting its load), the helper's name (HANDOFF)
-    only for the member it was planned for (its "to", not sent on)."""
-    if STATE not in body and HANDOFF not in body:
-        return body
-    out = {k: v for k, v in body.items() if k not in (STATE, HANDOFF)}
-    if STATE in body and provider.capabilities.load:
-        out[STATE] = body[STATE]
-    planned = body.get(HANDOFF)
-    if isinstance(planned, dict) and planned.get("to") == provider.config.id:
-        out[HANDOFF] = {"from": planned.get("from")}
-    return out

@@ -1,5 +1,5 @@
 """When the entry node hands a chat's prefill off (handoff.py's plan), and
-what each provider is sent of it (body_for): pure logic over a real
+what each provider is sent of it (Handed): pure logic over a real
 Registry, runtimed's load a stand-in."""
 
 import asyncio
@@ -13,9 +13,10 @@ from typing import Any
 
 from syntrop.config import Paths
 from syntrop.routerd.config import Config, FleetConfig, ProviderConfig
-from syntrop.routerd.handoff import HANDOFF, MAX_PULLS, Handoff, body_for
+from syntrop.routerd.handoff import MAX_PULLS, Handoff
 from syntrop.routerd.providers import REGISTRY, Capabilities
-from syntrop.routerd.providers.base import STATE
+from syntrop.routerd.providers.base import HANDOFF, Handed
+from syntrop.routerd.providers.openai import OpenAIProvider
 from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
 from syntrop.routerd.scoring import Scored
@@ -91,20 +92,39 @@ def test_off_without_a_fleet_or_with_handoff_tokens_zero() -> None:
 
 
 def test_each_provider_is_sent_only_its_part() -> None:
-    found = registry(2, 1)
-    body = {"model": "m", STATE: 7, HANDOFF: {"from": "a", "to": "fleet:b"}}
-    runtimed = found.providers["local"]
+    body = {"model": "m"}
+    handed = Handed(helper="a", member="fleet:b")
     paths = Paths.from_environment()
     member = REGISTRY["peer"](MEMBER, paths)
     other = REGISTRY["peer"](ProviderConfig(id="fleet:c", kind="peer", endpoint="http://c:1/v1",
                                             tier="lan", models=("m",)), paths)
     remote = REGISTRY["openai"](ProviderConfig(id="r", kind="openai", endpoint="http://r/v1",
                                                tier="remote", models=("m",)), paths)
-    assert body_for(runtimed, body) == {"model": "m", STATE: 7}
+    assert isinstance(member, OpenAIProvider) and isinstance(other, OpenAIProvider) and \
+        isinstance(remote, OpenAIProvider)
     # The helper's name goes to the member it was planned for, and no further.
-    assert body_for(member, body) == {"model": "m", HANDOFF: {"from": "a"}}
-    assert body_for(other, body) == {"model": "m"}
-    assert body_for(remote, body) == {"model": "m"}
+    assert member._sent(body, handed) == {"model": "m", HANDOFF: {"from": "a"}}
+    assert other._sent(body, handed) == {"model": "m"}
+    assert remote._sent(body, handed) == {"model": "m"}
+    assert member._sent(body, None) == {"model": "m"}
+
+
+def test_a_state_is_handed_over_once_and_closed_when_never_taken() -> None:
+    read, write = os.pipe()
+    os.close(write)
+    handed = Handed(read)
+    assert handed.take() == read and handed.take() is None
+    handed.close()  # taken: the taker's to close
+    os.fstat(read)
+    os.close(read)
+    read, write = os.pipe()
+    os.close(write)
+    Handed(read).close()
+    try:
+        os.fstat(read)
+        raise AssertionError("not closed")
+    except OSError:
+        pass
 
 
 def test_a_helper_must_be_a_member_or_this_nodes_runtimed() -> None:
@@ -131,18 +151,21 @@ class Recorder:
 
     def __init__(self) -> None:
         self.sent: list[dict[str, object]] = []
+        self.handed: list[Handed | None] = []
 
     async def load(self) -> dict[str, object]:
         return {"free_slots": 2, "total_slots": 2, "models": []}
 
-    async def complete(self, endpoint: str, body: dict[str, object]) -> dict[str, object]:
+    async def complete(self, endpoint: str, body: dict[str, object],
+                       handed: Handed | None = None) -> dict[str, object]:
         self.sent.append(body)
+        self.handed.append(handed)
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                              "finish_reason": "stop"}]}
 
 
 def test_a_clients_descriptor_or_helper_is_never_used() -> None:
-    """A client naming a descriptor (STATE) or a helper (HANDOFF, without
+    """A client naming a descriptor or a helper (HANDOFF, without
     being another node) gets an answer: runtimed is sent neither, and the
     gateway closes nothing of its own."""
     import json
@@ -158,10 +181,11 @@ def test_a_clients_descriptor_or_helper_is_never_used() -> None:
     mine, other = os.pipe()
     try:
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
-                           STATE: mine, HANDOFF: {"from": "a"}}).encode()
+                           "_syntrop_prefix_state": mine, HANDOFF: {"from": "a"}}).encode()
         answer = asyncio.run(gateway.handle("POST", "/v1/chat/completions", body))
         assert answer.status == 200
-        assert recorder.sent and all(STATE not in b and HANDOFF not in b for b in recorder.sent)
+        assert recorder.sent and all(HANDOFF not in b for b in recorder.sent)
+        assert recorder.handed == [None]
         os.fstat(mine)  # still open
     finally:
         os.close(mine)

@@ -1,7 +1,9 @@
 """What every provider is: the Provider protocol, the Capabilities it
-declares, and ProviderError (the provider modules import this, not the
-package, which imports them)."""
+declares, ProviderError, and Handed, a prefill hand-off passed beside a
+request (the provider modules import this, not the package, which imports
+them)."""
 
+import os
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,13 +14,43 @@ if TYPE_CHECKING:
     from syntrop.interfaces.runtime import LoadResult
 
 
-#: A request body's key for the descriptor of a prefill's KV state that
-#: runtimed answers from (Chat's prefix_state; handoff.py). Only the
-#: gateway sets it (it drops one a client sends) and closes the descriptor.
-STATE = "_syntrop_prefix_state"
+#: The forwarded request's field naming the helper of a hand-off planned
+#: for the member it is sent to: {"from": node id} (handoff.py). Only
+#: another node's is heeded; routerd passes its own beside the request
+#: (Handed), never in it.
+HANDOFF = "syntrop_handoff"
 #: Most bytes of such a state a node takes from another (a 131,072-token
 #: context of SmolLM2 is about 3 GiB).
 MAX_STATE_BYTES = 4 << 30
+
+
+class Handed:
+    """A chat's prefill hand-off (handoff.py), passed to providers beside
+    its request: a KV state that runtimed answers from (Chat's
+    prefix_state), or the helper named for the fleet member it was planned
+    for. The state's descriptor is owned here until `take` hands it over,
+    once; `close` closes it if none took it."""
+
+    def __init__(self, fd: int | None = None, helper: str | None = None,
+                 member: str | None = None) -> None:
+        self._fd = fd
+        #: The helper's node id, for `member` (a provider id) only.
+        self.helper, self.member = helper, member
+
+    def take(self) -> int | None:
+        """The state's descriptor, now the caller's to close; None once
+        taken, or when there is none."""
+        fd, self._fd = self._fd, None
+        return fd
+
+    def close(self) -> None:
+        if (fd := self.take()) is not None:
+            os.close(fd)
+
+    def helper_for(self, provider: str) -> str | None:
+        """The helper's node id when `provider` is the member it was
+        planned for (not sent on further)."""
+        return self.helper if provider == self.member else None
 
 
 class ProviderError(Exception):
@@ -51,7 +83,7 @@ class Capabilities:
     continues: bool = False
     #: Takes part in the prefill hand-off (handoff.py): `prefill` hands out
     #: a chat prompt's KV state in a memfd; runtimed also answers from one
-    #: (STATE in the body), a fleet member pulls one itself (HANDOFF).
+    #: (Handed.take), a fleet member pulls one itself (Handed.helper_for).
     prefill: bool = False
 
 
@@ -64,9 +96,11 @@ class Provider(Protocol):
     rtt_ms: float | None
     free_accelerator_bytes: int | None
 
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes: ...
+    async def complete(self, endpoint: str, body: dict[str, Any],
+                       handed: Handed | None = None) -> dict[str, Any] | bytes: ...
 
-    def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]: ...
+    def stream(self, endpoint: str, body: dict[str, Any],
+               handed: Handed | None = None) -> AsyncGenerator[str, None]: ...
 
     async def list_models(self) -> list[str]: ...
 

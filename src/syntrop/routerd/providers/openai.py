@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import Basics, ProviderError
+from syntrop.routerd.providers.base import Basics, Handed, ProviderError
 from syntrop.routerd.sse import SSEParser
 from syntrop.routerd.wire import ResponseReader, request_head
 
@@ -178,8 +178,14 @@ class OpenAIProvider(Basics):
             return ProviderError(502, f"upstream answered {exchange.status}: {message}")
         return ProviderError(exchange.status, str(message), retryable=False)
 
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | bytes:
+    def _sent(self, body: dict[str, Any], handed: Handed | None) -> dict[str, Any]:
+        """`body` as sent upstream: as it is (a peer adds its hand-off)."""
+        return body
+
+    async def complete(self, endpoint: str, body: dict[str, Any],
+                       handed: Handed | None = None) -> dict[str, Any] | bytes:
         """The answer as the upstream sent it (checked, not re-encoded)."""
+        body = self._sent(body, handed)
         payload = json.dumps(body if endpoint == "embeddings"
                              else {**body, "stream": False}).encode()
         exchange = await self._open("POST", "/" + endpoint, payload)
@@ -198,8 +204,9 @@ class OpenAIProvider(Basics):
             raise ProviderError(502, f"upstream answered JSON without {field}")
         return raw
 
-    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
-        payload = json.dumps({**body, "stream": True}).encode()
+    async def stream(self, endpoint: str, body: dict[str, Any],
+                     handed: Handed | None = None) -> AsyncGenerator[str, None]:
+        payload = json.dumps({**self._sent(body, handed), "stream": True}).encode()
         exchange = await self._open("POST", "/" + endpoint, payload)
         try:
             if exchange.status != 200:

@@ -10,7 +10,13 @@ import os
 import time
 from typing import Any
 
-from syntrop.routerd.providers.base import MAX_STATE_BYTES, Capabilities, ProviderError
+from syntrop.routerd.providers.base import (
+    HANDOFF,
+    MAX_STATE_BYTES,
+    Capabilities,
+    Handed,
+    ProviderError,
+)
 from syntrop.routerd.providers.openai import OpenAIProvider, _Exchange
 
 logger = logging.getLogger(__name__)
@@ -53,6 +59,11 @@ class PeerProvider(OpenAIProvider):
             raise ProviderError(502, f"peer unhealthy (answered {exchange.status})")
         free = health.get("free_accelerator_bytes")
         self.free_accelerator_bytes = free if isinstance(free, int) else None
+
+    def _sent(self, body: dict[str, Any], handed: Handed | None) -> dict[str, Any]:
+        """`body` with the helper of a hand-off planned for this member."""
+        helper = handed.helper_for(self.config.id) if handed is not None else None
+        return body if helper is None else {**body, HANDOFF: {"from": helper}}
 
     async def prefill(self, body: dict[str, Any]) -> int:
         """A chat request's prompt prefilled by the peer's runtimed (its

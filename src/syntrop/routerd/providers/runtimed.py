@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from syntrop.config import Paths
 from syntrop.routerd import tools
 from syntrop.routerd.config import ProviderConfig
-from syntrop.routerd.providers.base import STATE, Basics, Capabilities, ProviderError
+from syntrop.routerd.providers.base import Basics, Capabilities, Handed, ProviderError
 
 if TYPE_CHECKING:
     from syntrop.interfaces.clients import Runtime1Client
@@ -256,7 +256,10 @@ class RuntimedProvider(Basics):
             raise ProviderError(502, f"runtimed unreachable: {error}") from None
 
     async def _chunks(self, endpoint: str, body: dict[str, Any],
-                      plan: "tools.Plan | None" = None) -> AsyncIterator["Chunk"]:
+                      plan: "tools.Plan | None" = None,
+                      handed: Handed | None = None) -> AsyncIterator["Chunk"]:
+        """runtimed's chunks; a chat answers from a handed state (taken,
+        closed once the answer began: runtimed has its own copy then)."""
         from asyncvarlink import FileDescriptor, VarlinkErrorReply
 
         from syntrop.interfaces.runtime import ChatMessage
@@ -264,10 +267,10 @@ class RuntimedProvider(Basics):
 
         if endpoint == "chat/completions":
             turns = _chat_turns(body, plan)
-        state = body.get(STATE)
-        client = await self._client()
-        async with client:
-            try:
+        state = handed.take() if handed is not None and endpoint == "chat/completions" \
+            else None
+        try:
+            async with await self._client() as client:
                 if endpoint == "chat/completions":
                     messages = [ChatMessage(role=role, content=text) for role, text in turns]
                     open_last = bool(body.get("continue_final_message")) and \
@@ -282,11 +285,18 @@ class RuntimedProvider(Basics):
                     replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
                                               sampling=_sampling(endpoint, body))
                 async for reply in replies:
+                    if state is not None:
+                        os.close(state)
+                        state = None
                     yield reply["chunk"]
-            except (VarlinkErrorReply, CallTimeout, OSError) as error:
-                raise _failed(error) from None
+        except (VarlinkErrorReply, CallTimeout, OSError) as error:
+            raise _failed(error) from None
+        finally:
+            if state is not None:
+                os.close(state)
 
-    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
+    async def stream(self, endpoint: str, body: dict[str, Any],
+                     handed: Handed | None = None) -> AsyncGenerator[str, None]:
         if (body.get("n") or 1) > 1:
             raise ProviderError(400, "runtimed streams one choice: n > 1 needs stream false",
                                 retryable=False)
@@ -307,7 +317,7 @@ class RuntimedProvider(Basics):
         role: dict[str, Any] = {"role": "assistant"}  # on the first delta only
         calls = tools.ToolStream(plan) if plan is not None else None
         offset = 0  # characters sent, for completions' text_offset
-        async for chunk in self._chunks(endpoint, body, plan):
+        async for chunk in self._chunks(endpoint, body, plan, handed):
             tokens += chunk.tokens
             prompt = chunk.prompt_tokens or prompt
             cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
@@ -423,10 +433,10 @@ class RuntimedProvider(Basics):
         except Exception:  # unreachable or older runtimed: no verdict
             return None
 
-    async def _collect(self, endpoint: str, body: dict[str, Any],
-                       plan: "tools.Plan | None") -> "_Whole":
+    async def _collect(self, endpoint: str, body: dict[str, Any], plan: "tools.Plan | None",
+                       handed: Handed | None = None) -> "_Whole":
         whole = _Whole()
-        async for chunk in self._chunks(endpoint, body, plan):
+        async for chunk in self._chunks(endpoint, body, plan, handed):
             (whole.thinking if chunk.thinking else whole.parts).append(chunk.text)
             if chunk.logprobs is not None:
                 whole.logprobs = (whole.logprobs or []) + list(chunk.logprobs)
@@ -437,7 +447,8 @@ class RuntimedProvider(Basics):
                 whole.cached = chunk.cached_tokens
         return whole
 
-    async def complete(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def complete(self, endpoint: str, body: dict[str, Any],
+                       handed: Handed | None = None) -> dict[str, Any]:
         if endpoint == "embeddings":
             return await self._embed(body)
         plan = _plan(endpoint, body)
@@ -447,7 +458,7 @@ class RuntimedProvider(Basics):
         seed = body.get("seed")
         wholes = await asyncio.gather(*(
             self._collect(endpoint, body if seed is None else {**body, "seed": seed + index},
-                          plan) for index in range(n)))
+                          plan, handed) for index in range(n)))
         usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes), wholes[0].cached)
         choices: list[dict[str, Any]] = []
         asked = _logprobs(endpoint, body) is not None
