@@ -12,7 +12,11 @@ functions included, read with ast.
 - runtimed's two processes stay apart: nothing under runtimed/worker/
   imports the face (service, supervisor, seats, residency, ...), the face
   reaches worker/ only through protocol.py, and the few modules both
-  import (RUNTIMED_SHARED) import neither side.
+  import (RUNTIMED_SHARED) import neither side;
+- runtimed's worker speaks only protocol.py: nothing under runtimed/worker/
+  imports the Varlink layer (syntrop.varlink) or the contracts
+  (syntrop.interfaces); its failures are protocol.Kind, which the face
+  turns into Runtime1 errors.
 """
 
 import ast
@@ -210,3 +214,36 @@ def test_a_runtimed_crossing_would_be_seen() -> None:
         (f"{RUNTIMED}.protocol", f"{RUNTIMED}.supervisor"),
         (f"{RUNTIMED}.service", f"{WORKER}.engine"),
         (f"{WORKER}.host", f"{RUNTIMED}.seats")]
+
+
+def worker_contract_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(worker module, imported module) for each import of the Varlink
+    layer or the contracts under runtimed/worker/."""
+    return sorted((module, target) for module, targets in graph.items()
+                  if module == WORKER or module.startswith(WORKER + ".")
+                  for target in targets
+                  if top(target) in ("varlink", "interfaces"))
+
+
+def test_runtimed_worker_imports_no_varlink_and_no_contracts() -> None:
+    graph = module_graph()
+    assert f"{WORKER}.host" in graph  # the rule sees the worker
+    assert worker_contract_imports(graph) == []
+
+
+def test_a_worker_importing_the_contracts_would_be_seen(tmp_path: Path) -> None:
+    root = tmp_path / "syntrop"
+    worker = root / "runtimed" / "worker"
+    (root / "interfaces").mkdir(parents=True)
+    worker.mkdir(parents=True)
+    for package in (root, root / "interfaces", root / "runtimed", worker):
+        (package / "__init__.py").write_text("")
+    (root / "interfaces" / "runtime.py").write_text("")
+    (root / "varlink.py").write_text("")
+    (root / "runtimed" / "protocol.py").write_text("")
+    (worker / "host.py").write_text("from syntrop.runtimed.protocol import Kind\n"
+                                    "def f():\n    from syntrop.varlink import InvalidParameter\n")
+    (worker / "pool.py").write_text("from syntrop.interfaces.runtime import InvalidModel\n")
+    assert worker_contract_imports(module_graph(root)) == [
+        (f"{WORKER}.host", "syntrop.varlink"),
+        (f"{WORKER}.pool", "syntrop.interfaces.runtime")]

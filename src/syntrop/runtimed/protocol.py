@@ -3,16 +3,20 @@
 The face (service.py, supervisor.py) sends a worker `Request`, `Cancel` and
 `Exit`; the worker answers each request with `Piece`s (a stream's text, as
 `piece` or `think`) and then `Done` or `Failed`, and says `Fatal` once when
-its engine cannot start. `encode` turns a message into the dict that
-channel.py carries (JSON, descriptors beside it) and `decode` turns such a
-dict back; the dicts are the wire, unchanged. A worker's settings travel in
-its environment (`Settings`, as JSON), and a context's `Options` and the
-sampling (`wire_params`) inside a request's arguments.
+its engine cannot start. A declared failure is a `Kind` and its
+parameters, raised in the worker as `WorkerError`; the face raises the
+Runtime1 error supervisor.ERRORS maps the kind to. `encode` turns a message
+into the dict that channel.py carries (JSON, descriptors beside it) and
+`decode` turns such a dict back; the dicts are the wire, unchanged. A
+worker's settings travel in its environment (`Settings`, as JSON), and a
+context's `Options` and the sampling (`wire_params`) inside a request's
+arguments.
 
 A request's arguments and a reply's result stay dicts: each operation's
 fields are the worker's host.py and the face's to agree on.
 """
 
+import enum
 import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -161,13 +165,40 @@ class Done:
     first: dict[str, float] | None = None
 
 
+class Kind(enum.Enum):
+    """What a worker's declared failure is. Its parameters are named in the
+    comment beside it; the face raises the Runtime1 error that
+    supervisor.ERRORS maps it to, with those parameters."""
+
+    OVERFLOW = "overflow"  # tokens, n_ctx
+    INVALID_MODEL = "invalid_model"  # model, reason
+    INVALID_PARAMETER = "invalid_parameter"  # parameter
+    INVALID_SAMPLING = "invalid_sampling"  # parameter, reason
+    CONSTRAINT = "constraint"  # reason, message
+    SESSION_MISSING = "session_missing"  # session_id
+    SHIFT_UNSUPPORTED = "shift_unsupported"  # model
+    VOCABULARY_MISMATCH = "vocabulary_mismatch"  # draft, reason
+    ADAPTER_MISMATCH = "adapter_mismatch"  # adapter, reason
+    NOT_A_VOICE = "not_a_voice"  # model
+
+
+class WorkerError(Exception):
+    """A declared failure, raised inside the worker: the loop answers it
+    with `Failed(kind, parameters)`."""
+
+    def __init__(self, kind: Kind, **parameters: Any) -> None:
+        super().__init__(kind.value, parameters)
+        self.kind = kind
+        self.parameters = parameters
+
+
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """Request `id` failed: a declared Runtime1 error (`name` and its
-    `parameters`), or, with no name, anything else in words."""
+    """Request `id` failed: a declared failure (its `kind` and
+    `parameters`), or, with no kind, anything else in words."""
 
     id: int
-    name: str | None
+    kind: Kind | None
     parameters: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     first: dict[str, float] | None = None
@@ -202,11 +233,11 @@ def encode(message: Message) -> dict[str, Any]:
                 wire["logprobs"] = message.logprobs
         case Done(id=rid, result=result):
             wire = {"id": rid, "event": "done", "result": result}
-        case Failed(id=rid, name=None, message=text):
-            wire = {"id": rid, "event": "error", "error": {"name": None, "message": text}}
-        case Failed(id=rid, name=name, parameters=parameters):
+        case Failed(id=rid, kind=None, message=text):
+            wire = {"id": rid, "event": "error", "error": {"kind": None, "message": text}}
+        case Failed(id=rid, kind=Kind(value=kind), parameters=parameters):
             wire = {"id": rid, "event": "error",
-                    "error": {"name": name, "parameters": parameters}}
+                    "error": {"kind": kind, "parameters": parameters}}
         case Fatal(message=text):
             wire = {"id": 0, "event": "fatal", "message": text}
     first = getattr(message, "first", None)
@@ -236,8 +267,8 @@ def decode(wire: dict[str, Any]) -> Message:
         return Done(rid, dict(wire.get("result") or {}), first)
     if event == "error":
         error = dict(wire.get("error") or {})
-        name = error.get("name")
-        return Failed(rid, str(name) if name else None, dict(error.get("parameters") or {}),
+        kinds = {kind.value: kind for kind in Kind}
+        return Failed(rid, kinds.get(str(error.get("kind"))), dict(error.get("parameters") or {}),
                       str(error.get("message", "the engine failed")), first)
     if event == "fatal":
         return Fatal(str(wire.get("message", "")))

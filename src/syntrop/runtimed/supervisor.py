@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncvarlink import GenericVarlinkErrorReply
-
+from syntrop.interfaces import runtime
 from syntrop.runtimed import channel, protocol
+from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
@@ -89,23 +89,31 @@ class Gone:
     """Put in a call's events when its worker died with the call on it."""
 
 
-def varlink_error(failed: protocol.Failed) -> Exception:
-    """The exception a worker's `Failed` stands for: the declared Runtime1
-    error it names, typed where we know it."""
-    from syntrop.interfaces.runtime import Runtime1
-    from syntrop.varlink import InvalidParameter
+#: The Runtime1 error each kind of a worker's declared failure raises to
+#: the caller, with the failure's parameters.
+ERRORS: dict[protocol.Kind, Callable[..., Exception]] = {
+    protocol.Kind.OVERFLOW: runtime.ContextOverflow,
+    protocol.Kind.INVALID_MODEL: runtime.InvalidModel,
+    protocol.Kind.INVALID_PARAMETER: InvalidParameter,
+    protocol.Kind.INVALID_SAMPLING: runtime.InvalidSampling,
+    protocol.Kind.CONSTRAINT: runtime.InvalidConstraint,
+    protocol.Kind.SESSION_MISSING: runtime.SessionNotFound,
+    protocol.Kind.SHIFT_UNSUPPORTED: runtime.ShiftUnsupported,
+    protocol.Kind.VOCABULARY_MISMATCH: runtime.VocabularyMismatch,
+    protocol.Kind.ADAPTER_MISMATCH: runtime.AdapterMismatch,
+    protocol.Kind.NOT_A_VOICE: runtime.NotAVoice,
+}
 
-    name, parameters = failed.name, failed.parameters
-    if not name:
+
+def varlink_error(failed: protocol.Failed) -> Exception:
+    """The exception a worker's `Failed` stands for: the Runtime1 error
+    ERRORS maps its kind to, or, with no kind, a RuntimeError."""
+    if failed.kind is None:
         return RuntimeError(failed.message)
-    known: dict[str, Any] = {cls.name: cls for cls in Runtime1.errors}
-    known[InvalidParameter.name] = InvalidParameter
-    typed = known.get(name)
-    if typed is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            result: Exception = typed(**parameters)
-            return result
-    return GenericVarlinkErrorReply(name, parameters)
+    try:
+        return ERRORS[failed.kind](**failed.parameters)
+    except (TypeError, ValueError):  # parameters the error does not take
+        return RuntimeError(f"{failed.kind.value}: {failed.parameters}")
 
 
 @dataclass(eq=False, slots=True)

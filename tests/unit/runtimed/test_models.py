@@ -120,7 +120,7 @@ def test_the_cache_reports_what_idle_contexts_hold(loads: list[Context]) -> None
 
 
 def test_a_failed_load_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    from syntrop.interfaces.runtime import InvalidModel
+    from syntrop.runtimed.protocol import Kind, WorkerError
     from syntrop.runtimed.worker.engine import LoadError
 
     def load(fd: int, options: Options, **_: object) -> Context:
@@ -128,8 +128,9 @@ def test_a_failed_load_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(Engine, "load", load)
     pool, _ = pool_of()
-    with pytest.raises(InvalidModel):
+    with pytest.raises(WorkerError) as caught:
         pool.take(OPTIONS, SYSTEM_A, room=2)
+    assert caught.value.kind is Kind.INVALID_MODEL
     assert pool.made[OPTIONS] == 0
     pool.close()
 

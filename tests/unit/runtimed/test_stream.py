@@ -67,7 +67,7 @@ def test_an_error_after_queued_pieces_still_ends_the_stream() -> None:
     async def main() -> tuple[str, BaseException | None, int]:
         call, given_back = Call(2, "generate", "Complete"), []
         queued(call, *(("piece", {"text": f"{i},", "tokens": 1}) for i in range(PIECES)),
-               ("error", {"error": {"name": "io.syntrop.Runtime1.ContextOverflow",
+               ("error", {"error": {"kind": "overflow",
                                     "parameters": {"tokens": 9, "n_ctx": 8}}}))
         text = ""
         try:

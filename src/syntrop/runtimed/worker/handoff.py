@@ -30,15 +30,13 @@ import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from syntrop.interfaces.runtime import ContextOverflow, InvalidModel
 from syntrop.prefix import reported
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.protocol import Options
+from syntrop.runtimed.protocol import Kind, Options, WorkerError
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Overflow, Saved
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
 from syntrop.runtimed.worker.saved import SEALS, map_saved, memfd_of
-from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +66,10 @@ def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots
     try:
         tokens, _ = pool.tokenizer().chat_prompt(list(turns))
     except LoadError as error:
-        raise InvalidModel(model=pool.name, reason=error.reason) from None
+        raise WorkerError(Kind.INVALID_MODEL, model=pool.name, reason=error.reason) from None
     body = tokens[:-1]  # the last is evaluated where the answer is generated
     if not body:
-        raise InvalidParameter(parameter="messages")
+        raise WorkerError(Kind.INVALID_PARAMETER, parameter="messages")
     engine = pool.take(options, tokens, room=slots, stop=stop)
     try:
         reused = start = min(common_prefix(engine.resident(), body), len(body))
@@ -87,7 +85,7 @@ def export(pool: Pool, options: Options, turns: Sequence[tuple[str, str]], slots
         if len(tokens) >= KEEP_MIN:
             engine.prefixes = reported(list(turns))
     except Overflow as error:
-        raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+        raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
     finally:
         pool.give(options, engine)
     fd = memfd_of(saved, "syntrop-prefill", _header(digest), sealed=True)

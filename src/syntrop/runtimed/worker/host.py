@@ -8,9 +8,10 @@ face (service.py) decides who may run and when (slots, queue, keep-alive,
 spills); the host only runs what it is sent.
 
 Every method blocks (the worker calls it on a thread of its own) and takes
-and returns plain JSON values; declared failures are raised as the
-Runtime1 errors the client will see, so the worker hands them on as they
-are. Streams get a `Sink`: `emit` for text, `think` for thinking text
+and returns plain JSON values; declared failures are raised as
+protocol.WorkerError (a kind and its parameters), which the worker hands on
+and the face turns into the Runtime1 error the client sees. Streams get
+a `Sink`: `emit` for text, `think` for thinking text
 (each with its tokens' logprob entries when the stream asked for them),
 `first` when the first token is sampled, and `stop`, set when runtimed
 cancels the call.
@@ -25,25 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from syntrop.interfaces.runtime import (
-    AdapterMismatch,
-    ContextOverflow,
-    InvalidModel,
-    InvalidSampling,
-    SessionNotFound,
-    ShiftUnsupported,
-    VocabularyMismatch,
-)
 from syntrop.prefix import reported
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.layout import Pace
-from syntrop.runtimed.protocol import Options, Placed
+from syntrop.runtimed.protocol import Kind, Options, Placed, WorkerError
 from syntrop.runtimed.sampling import Params
 from syntrop.runtimed.worker import handoff
 from syntrop.runtimed.worker.engine import Engine, EngineError, LoadError, Output, Overflow
 from syntrop.runtimed.worker.pool import KEEP_MIN, Pool
 from syntrop.runtimed.worker.saved import memfd_of, read_saved
-from syntrop.varlink import InvalidParameter
 
 if TYPE_CHECKING:
     from syntrop.runtimed import constrain
@@ -138,7 +129,8 @@ def _reasoning(engine: Engine, params: Params) -> "Reasoning | None":
     try:
         return engine.reasoning(params.reasoning_budget)
     except ReasoningError as error:
-        raise InvalidSampling(parameter="reasoning_budget", reason=error.reason) from None
+        raise WorkerError(Kind.INVALID_SAMPLING,
+                          parameter="reasoning_budget", reason=error.reason) from None
 
 
 def pin(cpus: Sequence[int]) -> None:
@@ -172,7 +164,7 @@ class Host:
         threads as a context loaded now gets them."""
         if self.model is not None:
             os.close(fd)
-            raise InvalidParameter(parameter="model")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="model")
         placed = placed or Placed()
         if placed.cpu_affinity:
             try:
@@ -204,7 +196,7 @@ class Host:
 
     def _pool(self) -> Pool:
         if self.model is None:
-            raise InvalidParameter(parameter="model")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="model")
         return self.model
 
     def trim(self) -> dict[str, Any]:
@@ -243,9 +235,10 @@ class Host:
                 try:
                     return engine.chat_prompt(turns, continue_last=open_last)
                 except LoadError as error:
-                    raise InvalidModel(model=pool.name, reason=error.reason) from None
+                    raise WorkerError(Kind.INVALID_MODEL,
+                                      model=pool.name, reason=error.reason) from None
                 except ValueError:
-                    raise InvalidParameter(parameter="continue_last") from None
+                    raise WorkerError(Kind.INVALID_PARAMETER, parameter="continue_last") from None
         else:
             text = str(args["prompt"])
 
@@ -259,7 +252,7 @@ class Host:
             return {"reason": reason, **counts.extra()}
         tokens, stops = prompt(pool.tokenizer())
         if not tokens:
-            raise InvalidParameter(parameter="prompt")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="prompt")
         engine = pool.take(options, tokens, room=self.slots, stop=sink.stop,
                            budget=params.max_tokens)
         restored = False
@@ -289,7 +282,7 @@ class Host:
                     and not restored:
                 engine.prefixes = reported(turns)
         except Overflow as error:
-            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
         finally:
             if restored:  # its KV is this request's only
                 handoff.forget(engine)
@@ -302,10 +295,10 @@ class Host:
         then waited for, relaying a cancel."""
         tokens, stops = prompt(engine)
         if not tokens:
-            raise InvalidParameter(parameter="prompt")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="prompt")
         counts.prompt = len(tokens)
         if len(tokens) >= batcher.n_ctx_seq:
-            raise ContextOverflow(tokens=len(tokens), n_ctx=batcher.n_ctx_seq)
+            raise WorkerError(Kind.OVERFLOW, tokens=len(tokens), n_ctx=batcher.n_ctx_seq)
         output = Output(engine.llama, sink.emit, params.stop + stops, counts.reasoning,
                         sink.think, params.logprobs)
         processors = [*(_processor(engine, compiled) or ()),
@@ -356,9 +349,10 @@ class Host:
                         engine.close()
                         raise
                 except (LoadError, DecodeError, ValueError) as error:
-                    raise InvalidModel(model=pool.name, reason="cannot make its shared batch "
-                                       f"({self.slots} x {options.n_ctx} tokens): "
-                                       f"{error}") from None
+                    raise WorkerError(Kind.INVALID_MODEL, model=pool.name,
+                                      reason="cannot make its shared batch "
+                                             f"({self.slots} x {options.n_ctx} tokens): "
+                                             f"{error}") from None
                 batcher.start()
                 pool.batcher, pool.batch_engine = batcher, engine
             assert pool.batch_engine is not None
@@ -377,7 +371,7 @@ class Host:
         with self._lock:
             draft = self.drafts.get(name)
         if draft is None:  # runtimed sends a draft before its first use
-            raise InvalidParameter(parameter="sampling.speculative.draft")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="sampling.speculative.draft")
         draft_engine = draft.take(options)
         held.callback(draft.give, options, draft_engine)
         for pool, llama in ((target, engine.llama), (draft, draft_engine.llama)):
@@ -387,7 +381,7 @@ class Host:
             sp.check_vocabulary(engine.llama, draft_engine.llama,
                                 digests=(target.vocabulary, draft.vocabulary))
         except sp.VocabularyMismatch as error:
-            raise VocabularyMismatch(draft=name, reason=error.reason) from None
+            raise WorkerError(Kind.VOCABULARY_MISMATCH, draft=name, reason=error.reason) from None
         drafter = sp.DraftModel(engine.llama, draft_engine.llama, checked=True)
         held.callback(drafter.close)  # before its context goes back to the pool
         return drafter
@@ -399,7 +393,7 @@ class Host:
         try:
             vectors = engine.embed([str(text) for text in args["input"]], self.pace)
         except Overflow as error:
-            raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+            raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
         finally:
             pool.give(options, engine)
         return {"vectors": vectors}
@@ -410,13 +404,13 @@ class Host:
         with self._lock:
             seat = self.seats.get(session)
         if seat is None:
-            raise SessionNotFound(session_id=session)
+            raise WorkerError(Kind.SESSION_MISSING, session_id=session)
         return seat
 
     def _engine(self, session: str) -> Engine:
         seat = self._seat(session)
         if seat.engine is None:  # runtimed restores a spilled session first
-            raise SessionNotFound(session_id=session)
+            raise WorkerError(Kind.SESSION_MISSING, session_id=session)
         return seat.engine
 
     def _still(self, session: str, engine: Engine) -> None:
@@ -425,7 +419,7 @@ class Host:
         with self._lock:
             seat = self.seats.get(session)
         if seat is None or seat.engine is not engine:
-            raise SessionNotFound(session_id=session)
+            raise WorkerError(Kind.SESSION_MISSING, session_id=session)
 
     def _new_context(self, seat: SessionContext, adapter: str) -> Engine:
         """A context for a session, its adapter applied (AdapterMismatch,
@@ -434,7 +428,7 @@ class Host:
         try:
             engine = Engine.load(pool.fd, seat.options, placed=pool.placed)
         except LoadError as error:
-            raise InvalidModel(model=pool.name, reason=error.reason) from None
+            raise WorkerError(Kind.INVALID_MODEL, model=pool.name, reason=error.reason) from None
         if seat.lora_fd is not None:
             from syntrop.runtimed.worker.lora import AdapterError
 
@@ -442,7 +436,8 @@ class Host:
                 engine.attach_lora(seat.lora_fd, seat.lora_scale)
             except AdapterError as error:
                 engine.close()
-                raise AdapterMismatch(adapter=adapter, reason=error.reason[:512]) from None
+                raise WorkerError(Kind.ADAPTER_MISMATCH,
+                                  adapter=adapter, reason=error.reason[:512]) from None
         return engine
 
     def open(self, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
@@ -457,14 +452,14 @@ class Host:
             if declared not in (None, "raw") and sessions_mod.template_format(
                     engine.metadata.get("tokenizer.chat_template")) != declared:
                 engine.close()
-                raise InvalidParameter(parameter="config.prompt_format")
+                raise WorkerError(Kind.INVALID_PARAMETER, parameter="config.prompt_format")
             if args.get("sinks") is not None:
                 from syntrop.runtimed.journal import Journal
                 from syntrop.runtimed.worker.sinks import Window
 
                 if not engine.can_shift():
                     engine.close()
-                    raise ShiftUnsupported(model=self._pool().name)
+                    raise WorkerError(Kind.SHIFT_UNSUPPORTED, model=self._pool().name)
                 # runtimed keeps the session's journal; this one stays empty.
                 seat.window = Window(sinks=int(args["sinks"]), journal=Journal(1))
         except BaseException:
@@ -487,7 +482,7 @@ class Host:
                                                 tokens, str(args["digest"]))
                 engine.prefill(plan.reused, plan.prefill, self.pace)
             except Overflow as error:
-                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+                raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
             return {"reused": plan.reused, "prefilled": len(plan.prefill),
                     "dropped": plan.dropped, "prefix_tokens": len(tokens),
                     "token_hash": sessions_mod.token_hash(tokens),
@@ -501,7 +496,7 @@ class Host:
             try:
                 engine.prefill(int(args["prefix_tokens"]), tokens, self.pace)
             except Overflow as error:
-                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+                raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
             return {"count": len(tokens), "resident": len(engine.resident())}
 
     def decode(self, args: dict[str, Any], sink: Sink) -> dict[str, Any]:
@@ -535,7 +530,7 @@ class Host:
                             logits_processor=_processor(engine, compiled),
                             reasoning=counts.reasoning, think=sink.think, window=window)
             except Overflow as error:
-                raise ContextOverflow(tokens=error.tokens, n_ctx=error.n_ctx) from None
+                raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
             finally:
                 if window is not None:
                     counts.shifted = window.take_shifted()
@@ -560,7 +555,7 @@ class Host:
         seat = self._seat(str(args["session"]))
         try:
             if seat.engine is not None:  # runtimed restores a spilled seat only
-                raise InvalidParameter(parameter="session")
+                raise WorkerError(Kind.INVALID_PARAMETER, parameter="session")
             engine = self._new_context(seat, str(args.get("lora") or ""))
         except BaseException:
             for fd in fds:

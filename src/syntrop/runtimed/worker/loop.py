@@ -13,8 +13,9 @@ the other models. The worker
   of its own against its Host (host.py): the replies of a stream are
   `piece` and `think` events (text, tokens and, when asked for, their
   logprob entries), then `done` with the result, or
-  `error` with a declared Runtime1 error (name and parameters) or, for
-  anything undeclared, a message; `cancel` sets a stream's stop event.
+  `error` with a declared failure (a protocol.Kind and its parameters;
+  the face raises the Runtime1 error it stands for) or, for anything
+  undeclared, a message; `cancel` sets a stream's stop event.
 
 Messages are protocol.py's. Environment (set by runtimed):
 SYNTROP_WORKER_FD, the worker's end of the socketpair; SYNTROP_WORKER, its
@@ -35,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from syntrop.runtimed import protocol
 
 if TYPE_CHECKING:
-    from syntrop.interfaces.runtime import InvalidConstraint
     from syntrop.runtimed.worker.voice import Voice
 
 logger = logging.getLogger("syntrop.runtimed.worker")
@@ -179,17 +179,13 @@ class Loop:
 
     def handle(self, rid: int, op: str, args: dict[str, Any], fds: list[int],
                stop: threading.Event, received: float) -> None:
-        from asyncvarlink import VarlinkErrorReply
-
         sink = WireSink(self.send, rid, stop, received)
         try:
             result, out = self.dispatch(op, args, fds, sink)
-        except VarlinkErrorReply as error:
-            self.send(protocol.Failed(rid, error.name, error.paramstojson()))
         except Exception as error:
-            declared = check_constraint(error)
+            declared = worker_error(error)
             if declared is not None:
-                self.send(protocol.Failed(rid, declared.name, declared.paramstojson()))
+                self.send(protocol.Failed(rid, declared.kind, declared.parameters))
             else:
                 logger.exception("%s failed", op)
                 self.send(protocol.Failed(rid, None,
@@ -268,7 +264,6 @@ class Loop:
                sink: WireSink) -> dict[str, Any] | None:
         """The ops of a worker that hosts a voice (None: not a voice's op,
         or a load of a GGUF model)."""
-        from syntrop.interfaces.runtime import InvalidModel, NotAVoice
         from syntrop.runtimed.worker import voice
 
         name = str(args.get("name") or args.get("model") or "")
@@ -281,19 +276,21 @@ class Loop:
             os.close(fd)
         if op == "speak":
             if self.voice is None:
-                raise NotAVoice(model=name)
+                raise protocol.WorkerError(protocol.Kind.NOT_A_VOICE, model=name)
             return self.voice.speak(args, sink)
         if op == "trim":
             return {"closed": 0}
-        raise InvalidModel(model=self.voice.name if self.voice else name,
-                           reason="a voice: only Speak runs it")
+        raise protocol.WorkerError(protocol.Kind.INVALID_MODEL,
+                                   model=self.voice.name if self.voice else name,
+                                   reason="a voice: only Speak runs it")
 
 
-def check_constraint(error: Exception) -> "InvalidConstraint | None":
-    """The declared error for a constraint that failed while decoding."""
-    from syntrop.interfaces.runtime import InvalidConstraint
+def worker_error(error: Exception) -> protocol.WorkerError | None:
+    """The declared failure `error` is (a constraint that failed while
+    decoding is one), or None."""
     from syntrop.runtimed.constrain import ConstraintError
 
     if isinstance(error, ConstraintError):
-        return InvalidConstraint(reason=error.reason, message=error.message[:512])
-    return None
+        return protocol.WorkerError(protocol.Kind.CONSTRAINT, reason=error.reason,
+                                    message=error.message[:512])
+    return error if isinstance(error, protocol.WorkerError) else None

@@ -32,8 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from syntrop.interfaces.runtime import InvalidModel
-from syntrop.runtimed.protocol import Options, Placed
+from syntrop.runtimed.protocol import Kind, Options, Placed, WorkerError
 from syntrop.runtimed.sessions import common_prefix
 from syntrop.runtimed.worker.engine import Engine, LoadError, Weights
 
@@ -85,13 +84,13 @@ class Pool:
     @classmethod
     def open(cls, name: str, fd: int, placed: Placed | None = None) -> "Pool":
         """Take ownership of `fd` once llama.cpp has loaded it (a non-GGUF or
-        truncated file is InvalidModel); closes `fd` on failure. The check
+        truncated file is Kind.INVALID_MODEL); closes `fd` on failure. The check
         loads it on the CPU; its contexts go where `placed` says."""
         try:
             probe = Engine.load(fd, Options(n_ctx=64, n_batch=64, n_threads=1))
         except LoadError as error:
             os.close(fd)
-            raise InvalidModel(model=name, reason=error.reason) from None
+            raise WorkerError(Kind.INVALID_MODEL, model=name, reason=error.reason) from None
         except BaseException:
             os.close(fd)
             raise
@@ -106,7 +105,8 @@ class Pool:
                 try:
                     self._tokenizer = Engine.load(self.fd, TOKENIZER, vocab_only=True)
                 except LoadError as error:
-                    raise InvalidModel(model=self.name, reason=error.reason) from None
+                    raise WorkerError(Kind.INVALID_MODEL,
+                                      model=self.name, reason=error.reason) from None
             return self._tokenizer
 
     def take_idle(self, options: Options) -> Engine | None:
@@ -143,7 +143,8 @@ class Pool:
             with self.lock:
                 self.made[options] -= 1
             if isinstance(error, LoadError):
-                raise InvalidModel(model=self.name, reason=error.reason) from None
+                raise WorkerError(Kind.INVALID_MODEL,
+                                  model=self.name, reason=error.reason) from None
             raise
         with self.lock:
             self.busy[id(engine)] = (options, tokens or [], stop, budget)

@@ -22,9 +22,8 @@ import threading
 from typing import Any, Protocol
 
 from syntrop import modelfile
-from syntrop.interfaces.runtime import InvalidModel
+from syntrop.runtimed.protocol import Kind, WorkerError
 from syntrop.runtimed.worker.speech import Packets
-from syntrop.varlink import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +59,9 @@ class Voice:
         config = packaged.config_of(digest)
         if config is None:
             os.close(fd)
-            raise InvalidModel(model=name, reason="a voice with no config installed "
-                               "(only packaged voices can be spoken yet)")
+            raise WorkerError(Kind.INVALID_MODEL, model=name,
+                              reason="a voice with no config installed "
+                                     "(only packaged voices can be spoken yet)")
         self.name = name
         self.fd = fd
         self.voice = PiperVoice.load(f"/proc/self/fd/{fd}", config_path=config)
@@ -82,7 +82,7 @@ class Voice:
             return None
         speakers = dict(self.voice.config.speaker_id_map)
         if name not in speakers:
-            raise InvalidParameter(parameter="voice")
+            raise WorkerError(Kind.INVALID_PARAMETER, parameter="voice")
         return int(speakers[name])
 
     def speak(self, args: dict[str, Any], sink: AudioSink) -> dict[str, Any]:
