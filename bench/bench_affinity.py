@@ -245,7 +245,7 @@ def oracle_node(chat: list[dict[str, str]], found: dict[str, Cache]) -> tuple[st
     """The node holding the longest prefix of `chat` (and its characters),
     else the one with the fewest cached contexts (0 characters)."""
     from syntrop.prefix import chain, matched
-    from syntrop.routerd.providers.runtimed import turns
+    from syntrop.routerd.request import turns
 
     sent = turns({"model": "smollm2", "messages": chat})
     if sent is None:
@@ -372,7 +372,7 @@ def long_chat(index: int) -> list[dict[str, str]]:
     """About 2,300 prompt tokens, different per index, whose home (the
     rendezvous order over node ids, as routerd computes it) is node a."""
     from syntrop.prefix import chain
-    from syntrop.routerd.providers.runtimed import turns
+    from syntrop.routerd.request import turns
     from syntrop.routerd.scoring import homes
 
     while True:

@@ -141,7 +141,7 @@ def test_each_prompt_has_a_home_and_goes_back_to_it(fleet: Fleet) -> None:
 def home_key(topic: str) -> str:
     """The key routerd hashes a chat of `topic` by: its first turn's digest."""
     from syntrop.prefix import chain
-    from syntrop.routerd.providers.runtimed import turns
+    from syntrop.routerd.request import turns
 
     found = turns(question_body(topic, "Which is oldest?"))
     assert found

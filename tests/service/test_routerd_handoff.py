@@ -21,7 +21,7 @@ import pytest
 import varlink
 
 from syntrop.prefix import chain
-from syntrop.routerd.providers.runtimed import turns
+from syntrop.routerd.request import turns
 from syntrop.routerd.scoring import homes
 from tests.fleet import (
     Cluster,

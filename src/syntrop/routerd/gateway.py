@@ -2,7 +2,8 @@
 admission, and the counters /metrics shows. Who serves what is
 registry.py's; offload (runtimed's load, LAN peers), offload.py's;
 choosing a candidate, routing.py's. The OpenAI shapes and checks are
-api.py's; a stream's relay and its continuation mid-answer, relay.py's.
+api.py's, a request parsed once into its record request.py's (a prefill
+hand-off rides beside it: Handed); a stream's relay and its continuation mid-answer, relay.py's.
 Transport-free: http.py feeds it requests."""
 
 import asyncio
@@ -19,11 +20,8 @@ from syntrop.routerd.api import (
     SPEECH_PATH,
     BadRequest,
     Response,
-    check,
     error,
     ok,
-    parse,
-    prompt_tokens,
     served_by,
 )
 from syntrop.routerd.config import Config
@@ -31,10 +29,11 @@ from syntrop.routerd.handoff import PREFILL_PATH, Handoff
 from syntrop.routerd.offload import Offload
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import Provider, ProviderError
-from syntrop.routerd.providers.base import HANDOFF, Handed
+from syntrop.routerd.providers.base import Handed
 from syntrop.routerd.queues import USER, Admission
 from syntrop.routerd.registry import Registry
-from syntrop.routerd.relay import CONTINUATION, Opened, Relay
+from syntrop.routerd.relay import Opened, Relay
+from syntrop.routerd.request import Request, read
 from syntrop.routerd.routing import Router
 
 if TYPE_CHECKING:  # imported on first use: SQLite has no place in the memory budget before
@@ -139,16 +138,15 @@ class Gateway:
     async def _routed(self, endpoint: str, body: bytes, traffic: str,
                       forwarded: bool) -> Response:
         """An OpenAI request (`endpoint`: chat/completions, completions or
-        embeddings): checked, admitted, routed, answered or streamed."""
+        embeddings): parsed once (request.py), admitted, routed, answered or
+        streamed."""
         self.requests_total += 1
         try:
-            request = parse(body)
-            check(endpoint, request)
+            request = read(endpoint, body)
         except BadRequest as bad:
             return error(400, str(bad), bad.code, bad.param)
-        asked = request.pop(HANDOFF, None)
-        asked = asked if forwarded else None  # only another node names a helper
-        model = request.get("model") or self.registry.default_model()
+        asked = request.handoff if forwarded else None  # only another node names a helper
+        model = request.model or self.registry.default_model()
         if model is None:
             self.router.routing_errors += 1
             return error(404, "no model named and no default model", "model_not_found", "model")
@@ -159,25 +157,24 @@ class Gateway:
         handed: Handed | None = None
         said: tuple[tuple[bytes, bytes], ...] = ()
         try:
-            chain = self.router.chain(endpoint, request, model)
-            tokens = prompt_tokens(endpoint, request)
-            candidates = await self.router.usable(endpoint, model, tokens, deadline, chain,
-                                                  forwarded)
+            request = request.of(model)
+            chain = self.router.chain(request.turns, model)
+            candidates = await self.router.usable(endpoint, model, request.tokens, deadline,
+                                                  chain, forwarded)
             if isinstance(candidates, Response):
                 return candidates
             if endpoint == "chat/completions":
-                handed, said = await self._hand_off(request, candidates, tokens, asked)
-            if not request.get("stream"):
-                response = await self._complete(endpoint, request, candidates, chain, handed)
+                handed, said = await self._hand_off(request, candidates, asked)
+            if not request.stream:
+                response = await self._complete(request, candidates, chain, handed)
                 response.headers += said
                 return response
-            opened = await self.open_stream(endpoint, request, candidates, handed)
+            opened = await self.open_stream(request, candidates, handed)
             if isinstance(opened, ProviderError):
                 return self._failed(opened)
             current, first, chunks = opened
             self.registry.affinity.routed(current.provider, current.model, chain)
-            stream = Relay(self, endpoint, request, candidates, current, first, chunks,
-                           traffic)
+            stream = Relay(self, request, candidates, current, first, chunks, traffic)
             return Response(200, content_type="text/event-stream", stream=stream.run(),
                             headers=served_by(current) + said,
                             closer=stream.close)
@@ -189,8 +186,7 @@ class Gateway:
                 self.admission.leave(traffic)
                 self.changed()
 
-    async def _hand_off(self, request: dict[str, Any], candidates: list[scoring.Scored],
-                        tokens: int, asked: Any,
+    async def _hand_off(self, request: Request, candidates: list[scoring.Scored], asked: Any,
                         ) -> tuple[Handed | None, tuple[tuple[bytes, bytes], ...]]:
         """The prefill hand-off (handoff.py) for a chat: a state pulled for
         this node's runtimed, or the helper named for the member that
@@ -201,7 +197,7 @@ class Gateway:
             if named is None or (fd := await self.handoff.pull(named, request)) is None:
                 return None, ()
             return Handed(fd), ((b"x-syntrop-handoff", self.registry.node_of(named).encode()),)
-        planned = await self.handoff.plan(candidates, tokens)
+        planned = await self.handoff.plan(candidates, request.tokens)
         if planned is None:
             return None, ()
         target, helper = planned
@@ -209,7 +205,7 @@ class Gateway:
         if target.provider in {p.id for p in self.registry.fleet}:
             handed = Handed(helper=node, member=target.provider)  # the member pulls it
         elif (fd := await self.handoff.pull(helper.provider,
-                                            {**request, "model": helper.model})) is not None:
+                                            request.of(helper.model))) is not None:
             handed = Handed(fd)
         else:
             return None, ()
@@ -341,14 +337,12 @@ class Gateway:
             return candidate, found
         return last
 
-    async def _complete(self, endpoint: str, request: dict[str, Any],
-                        candidates: list[scoring.Scored],
+    async def _complete(self, request: Request, candidates: list[scoring.Scored],
                         chain: Sequence[tuple[str, int]] = (),
                         handed: Handed | None = None) -> Response:
         async def answer(candidate: scoring.Scored, provider: Provider) -> dict[str, Any] | bytes:
             try:
-                return await provider.complete(
-                    endpoint, {**request, "model": candidate.model}, handed)
+                return await provider.complete(request.of(candidate.model), handed)
             finally:
                 self.router.ended(candidate.provider)
 
@@ -360,17 +354,13 @@ class Gateway:
         body = found if isinstance(found, bytes) else json.dumps(found).encode()
         return Response(200, body, headers=served_by(candidate))
 
-    async def open_stream(self, endpoint: str, request: dict[str, Any],
-                          candidates: list[scoring.Scored],
+    async def open_stream(self, request: Request, candidates: list[scoring.Scored],
                           handed: Handed | None = None) -> "Opened | ProviderError":
         """The first candidate that answers a first chunk: it, the chunk
         and the rest; or the last failure."""
         async def first_chunk(candidate: scoring.Scored, provider: Provider,
                               ) -> tuple[str | None, AsyncGenerator[str, None]]:
-            body = {**request, "model": candidate.model}
-            if body.pop(CONTINUATION, False) and provider.capabilities.continues:
-                body["continue_final_message"] = True
-            chunks = provider.stream(endpoint, body, handed)
+            chunks = provider.stream(request.of(candidate.model), handed)
             try:
                 return await chunks.__anext__(), chunks
             except StopAsyncIteration:

@@ -38,10 +38,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from syntrop.routerd import scoring
-from syntrop.routerd.api import BadRequest, Response, check, error, parse
+from syntrop.routerd.api import BadRequest, Response, error
 from syntrop.routerd.providers import ProviderError
 from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
+from syntrop.routerd.request import Request, read
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class Handoff:
             self._count("unknown")
         return found
 
-    async def pull(self, provider: str, request: dict[str, Any]) -> int | None:
+    async def pull(self, provider: str, request: Request) -> int | None:
         """The state of `request`'s prompt from `provider` (a descriptor,
         the caller's: a memfd, or a pipe a member's state is copied into as
         it comes), or None when it could not be had, or when MAX_PULLS are
@@ -144,7 +145,7 @@ class Handoff:
         self.pulling += 1
         try:
             found = self.registry.providers[provider]
-            fd = await found.prefill({k: v for k, v in request.items() if k != "stream"})
+            fd = await found.prefill(request)
         except (ProviderError, KeyError, OSError) as failure:
             self.pulling -= 1
             logger.warning("prefill hand-off from %s failed, prefilling here: %s", provider,
@@ -178,11 +179,10 @@ class Handoff:
         if not self.registry.fleet:
             return error(404, "prefill hand-off serves fleet members only", "unknown_url")
         try:
-            request = parse(body)
-            check("chat/completions", request)
+            request = read("chat/completions", body)
         except BadRequest as bad:
             return error(400, str(bad), bad.code, bad.param)
-        model = request.get("model")
+        model = request.model
         local = next((p for p in self.registry.effective() if p.kind == "runtimed"
                       and model in p.models and p.id not in self._members()), None)
         if local is None:

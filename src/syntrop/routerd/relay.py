@@ -10,33 +10,11 @@ from typing import Any, Protocol
 from syntrop.routerd import scoring
 from syntrop.routerd.providers import ProviderError
 from syntrop.routerd.queues import Admission
+from syntrop.routerd.request import Request
 from syntrop.routerd.routing import Router
 from syntrop.routerd.sse import event
 
 logger = logging.getLogger(__name__)
-
-
-def continuation(endpoint: str, request: dict[str, Any], sent: str,
-                  chunks: int) -> dict[str, Any]:
-    """The request that continues an answer of which `sent` went out: the
-    prompt replayed with the text already sent, the token budget reduced by
-    the chunks already sent (about one token each)."""
-    if endpoint == "completions":
-        body = {**request, "prompt": request["prompt"] + sent}
-    else:
-        # Providers that can (`continues`) get continue_final_message: the
-        # answer's turn left open, so the model goes on with it instead of
-        # answering it (open_stream decides, per candidate).
-        body = {**request, CONTINUATION: True,
-                "messages": [*request["messages"], {"role": "assistant", "content": sent}]}
-    for name in ("max_tokens", "max_completion_tokens"):
-        if body.get(name):
-            body[name] = max(1, body[name] - chunks)
-    return body
-
-
-#: The gateway's own mark of a chat continuation; never sent on.
-CONTINUATION = "_syntrop_continuation"
 
 Opened = tuple[scoring.Scored, str | None, AsyncGenerator[str, None]]
 
@@ -49,7 +27,7 @@ class Streams(Protocol):
     changed: Callable[[], None]
     router: Router
 
-    async def open_stream(self, endpoint: str, request: dict[str, Any],
+    async def open_stream(self, request: Request,
                           candidates: list[scoring.Scored]) -> "Opened | ProviderError": ...
 
 
@@ -61,10 +39,10 @@ class Relay:
     comment. The client sees one coherent stream: the first provider's id,
     created and model, no role twice, no text lost or repeated."""
 
-    def __init__(self, gateway: Streams, endpoint: str, request: dict[str, Any],
+    def __init__(self, gateway: Streams, request: Request,
                  candidates: list[scoring.Scored], current: scoring.Scored,
                  first: str | None, chunks: AsyncGenerator[str, None], kind: str) -> None:
-        self.gateway, self.endpoint, self.request = gateway, endpoint, request
+        self.gateway, self.endpoint, self.request = gateway, request.endpoint, request
         self.candidates, self.current, self.kind = candidates, current, kind
         self.first, self.chunks = first, chunks
         self.sent: list[str] = []
@@ -73,7 +51,7 @@ class Relay:
         self.finished = False
         #: Tool calls are never replayed: the request offers tools, or the
         #: answer has begun to call one.
-        self.tools = bool(request.get("tools") or request.get("functions"))
+        self.tools = bool(request.body.get("tools") or request.body.get("functions"))
         self.closed = False
 
     def _track(self, data: str, continued: bool) -> str | None:
@@ -134,8 +112,7 @@ class Relay:
                         yield self._error(failure.message)
                         break
                     again = await self.gateway.open_stream(
-                        self.endpoint, continuation(self.endpoint, self.request,
-                                                     "".join(self.sent), self.count),
+                        self.request.continued("".join(self.sent), self.count),
                         [c for c in self.candidates if c.provider != failed.provider])
                     if isinstance(again, ProviderError):
                         yield self._error(f"{failure.message}; no provider could continue")

@@ -5,7 +5,6 @@ request's deadline; each attempt's outcome counted."""
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from syntrop.routerd import scoring
 from syntrop.routerd.api import PROMPT_FIELDS, Response, error
@@ -44,17 +43,16 @@ class Router:
                                   self.offload.busy(registry.fleet_full),
                                   affinity, home, registry.node_of)
 
-    def chain(self, endpoint: str, request: dict[str, Any],
+    def chain(self, turns: Sequence[tuple[str, str]] | None,
               model: str) -> list[tuple[str, int]]:
-        """A chat request's prefix chain, when some provider of `model`
-        reports its cache (else routing has no use for it)."""
-        if endpoint != "chat/completions" or not self.registry.affinity.knows(model):
+        """A chat's prefix chain, from its turns (a Request's: None for
+        other endpoints), when some provider of `model` reports its cache
+        (else routing has no use for it)."""
+        if not turns or not self.registry.affinity.knows(model):
             return []
         from syntrop.prefix import chain
-        from syntrop.routerd.providers.runtimed import turns
 
-        found = turns({**request, "model": model})
-        return chain(found) if found else []
+        return chain(turns)
 
     def breaker(self, candidate: scoring.Scored) -> scoring.Breaker:
         key = (candidate.provider, candidate.model)

@@ -179,8 +179,10 @@ class RouterService(Router1):
     @implements
     def Route(self, *, model: str, prompt_tokens: int | None = None,
               messages: list[RouteMessage] | None = None) -> list[Candidate]:
-        chain = self.gateway.router.chain("chat/completions", {"messages": [
-            {"role": m.role, "content": m.content} for m in messages or ()]}, model)
+        from syntrop.routerd.request import turns
+
+        chain = self.gateway.router.chain(turns({"messages": [
+            {"role": m.role, "content": m.content} for m in messages or ()]}), model)
         scored = self.gateway.router.route(model, prompt_tokens, chain=chain)
         if not scored:
             known = model in scoring.ALIASES or \

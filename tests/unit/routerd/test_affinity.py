@@ -13,6 +13,7 @@ from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import Capabilities
+from syntrop.routerd.request import turns
 
 A = ProviderConfig(id="a", kind="runtimed", tier="local", models=("m",))
 B = ProviderConfig(id="b", kind="peer", endpoint="http://b/v1", tier="lan", models=("m",))
@@ -69,13 +70,13 @@ def test_routing_follows_the_prefix_and_spreads_new_ones() -> None:
         # Without a chain: the scores (a is local).
         assert gateway.router.route("m")[0].provider == "a"
         # a holds the rivers: they go there, whatever the tier.
-        rivers = gateway.router.chain("chat/completions", body(RIVERS), "m")
+        rivers = gateway.router.chain(turns(body(RIVERS)), "m")
         first = gateway.router.route("m", chain=rivers)
         assert first[0].provider == "a" and first[0].prefix_chars > 1000
         # Fleet members report caches with room; a has none left: hills go
         # to a member.
         gateway.registry.set_fleet((), caches=(("b", "m", [], 0, 2), ("c", "m", [], 1, 2)))
-        hills = gateway.router.chain("chat/completions", body(HILLS), "m")
+        hills = gateway.router.chain(turns(body(HILLS)), "m")
         order = gateway.router.route("m", chain=hills)
         assert [c.provider for c in order] == ["b", "c", "a"] and order[2].cache_full
         # A forwarded request is served here, even when a member holds it.

@@ -8,7 +8,7 @@ from syntrop.routerd.config import Config, ProviderConfig
 from syntrop.routerd.gateway import Gateway
 from syntrop.routerd.pressure import Pressure
 from syntrop.routerd.providers import Capabilities
-from syntrop.routerd.relay import continuation
+from syntrop.routerd.request import read
 
 LOCAL = ProviderConfig(id="local", kind="runtimed", tier="local", models=("m",))
 REMOTE = ProviderConfig(id="remote", kind="openai", endpoint="http://h/v1", tier="remote",
@@ -52,17 +52,18 @@ def test_no_free_slot_in_runtimed_offloads_and_a_freed_one_brings_work_back() ->
 
 
 def test_continuation_replays_the_prompt_with_the_text_sent() -> None:
-    chat = {"model": "m", "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}]}
-    again = continuation("chat/completions", chat, "Hello, wor", 3)
-    assert again["messages"][-1] == {"role": "assistant", "content": "Hello, wor"}
-    assert again["max_tokens"] == 7
-    assert chat["messages"] == [{"role": "user", "content": "hi"}]  # untouched
-    completion = continuation("completions", {"model": "m", "prompt": "1, 2,"}, " 3,", 1)
-    assert completion["prompt"] == "1, 2, 3,"
-    assert "max_tokens" not in completion
-    assert continuation("completions", {"prompt": "x", "max_tokens": 2}, "abc", 5)[
-        "max_tokens"] == 1
+    chat = read("chat/completions", b'{"model": "m", "max_tokens": 10, '
+                b'"messages": [{"role": "user", "content": "hi"}]}')
+    again = chat.continued("Hello, wor", 3)
+    assert again.body["messages"][-1] == {"role": "assistant", "content": "Hello, wor"}
+    assert again.body["max_tokens"] == 7 and again.continuation
+    assert again.turns == (("user", "hi"), ("assistant", "Hello, wor"))
+    assert chat.body["messages"] == [{"role": "user", "content": "hi"}]  # untouched
+    completion = read("completions", b'{"model": "m", "prompt": "1, 2,"}').continued(" 3,", 1)
+    assert completion.body["prompt"] == "1, 2, 3," and not completion.continuation
+    assert "max_tokens" not in completion.body
+    assert read("completions", b'{"prompt": "x", "max_tokens": 2}').continued(
+        "abc", 5).body["max_tokens"] == 1
 
 
 def test_no_free_slot_seen_before_our_own_request_ended_is_not_believed() -> None:

@@ -15,15 +15,18 @@ from syntrop.config import Paths
 from syntrop.routerd.config import Config, FleetConfig, ProviderConfig
 from syntrop.routerd.handoff import MAX_PULLS, Handoff
 from syntrop.routerd.providers import REGISTRY, Capabilities
-from syntrop.routerd.providers.base import HANDOFF, Handed
+from syntrop.routerd.providers.base import Handed
 from syntrop.routerd.providers.openai import OpenAIProvider
 from syntrop.routerd.providers.peer import PeerProvider
 from syntrop.routerd.registry import Registry
+from syntrop.routerd.request import HANDOFF, Request, read
 from syntrop.routerd.scoring import Scored
 
 LOCAL = ProviderConfig(id="local", kind="runtimed", tier="local", models=("m",))
 MEMBER = ProviderConfig(id="fleet:b", kind="peer", endpoint="http://b:1/v1", tier="lan",
                         models=("m",))
+CHAT = read("chat/completions",
+            b'{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}')
 FLEET = FleetConfig(etcd=("http://e:1",), node="a", advertise="http://a:1/v1",
                     handoff_tokens=1024)
 
@@ -92,7 +95,9 @@ def test_off_without_a_fleet_or_with_handoff_tokens_zero() -> None:
 
 
 def test_each_provider_is_sent_only_its_part() -> None:
-    body = {"model": "m"}
+    asked = read("chat/completions",
+                 b'{"model": "m", "messages": [{"role": "user", "content": ""}]}')
+    body = asked.sent()
     handed = Handed(helper="a", member="fleet:b")
     paths = Paths.from_environment()
     member = REGISTRY["peer"](MEMBER, paths)
@@ -103,10 +108,10 @@ def test_each_provider_is_sent_only_its_part() -> None:
     assert isinstance(member, OpenAIProvider) and isinstance(other, OpenAIProvider) and \
         isinstance(remote, OpenAIProvider)
     # The helper's name goes to the member it was planned for, and no further.
-    assert member._sent(body, handed) == {"model": "m", HANDOFF: {"from": "a"}}
-    assert other._sent(body, handed) == {"model": "m"}
-    assert remote._sent(body, handed) == {"model": "m"}
-    assert member._sent(body, None) == {"model": "m"}
+    assert member._sent(asked, handed) == {**body, HANDOFF: {"from": "a"}}
+    assert other._sent(asked, handed) == body
+    assert remote._sent(asked, handed) == body
+    assert member._sent(asked, None) == body
 
 
 def test_a_state_is_handed_over_once_and_closed_when_never_taken() -> None:
@@ -156,9 +161,9 @@ class Recorder:
     async def load(self) -> dict[str, object]:
         return {"free_slots": 2, "total_slots": 2, "models": []}
 
-    async def complete(self, endpoint: str, body: dict[str, object],
+    async def complete(self, request: Request,
                        handed: Handed | None = None) -> dict[str, object]:
-        self.sent.append(body)
+        self.sent.append(request.sent())
         self.handed.append(handed)
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                              "finish_reason": "stop"}]}
@@ -282,7 +287,7 @@ def test_a_members_state_is_copied_through_a_pipe_in_bounded_chunks() -> None:
     async def pull() -> tuple[int, int]:
         tracemalloc.start()
         try:
-            fd = await member.prefill({"model": "m", "messages": []})
+            fd = await member.prefill(CHAT)
             assert stat.S_ISFIFO(os.fstat(fd).st_mode)
             reader = drain(fd, buffer)
             await member.copies[fd]
@@ -303,7 +308,7 @@ def test_a_copy_ends_when_runtimed_stops_reading() -> None:
     member = Member(lambda: Canned(itertools.repeat(bytes(CHUNK))))  # endless
 
     async def pull() -> None:
-        fd = await member.prefill({"model": "m", "messages": []})
+        fd = await member.prefill(CHAT)
         copy = member.copies[fd]
         await asyncio.sleep(0.05)  # the pipe is full by now
         os.close(fd)
@@ -319,7 +324,7 @@ def test_at_most_max_pulls_at_once_the_others_prefill_themselves() -> None:
     member = Member(lambda: Canned([b"state"], gate))
     found.providers["fleet:b"] = member
     handoff = Handoff(found)
-    request = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    request = CHAT
 
     async def pulls() -> None:
         fds = [await handoff.pull("fleet:b", request) for _ in range(MAX_PULLS + 1)]

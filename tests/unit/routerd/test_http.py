@@ -17,6 +17,7 @@ from syntrop.routerd.api import Response
 from syntrop.routerd.config import Config
 from syntrop.routerd.http import HTTPServer, host_allowed, unsupported_body
 from syntrop.routerd.queues import TRIAGE, USER
+from syntrop.routerd.request import read
 
 BOUND = frozenset({"127.0.0.1:32768", "[::1]:32768"})
 
@@ -181,8 +182,10 @@ def test_a_peer_over_plain_tcp_is_served_not_refused(name: str) -> None:
                                            endpoint=f"http://{name}:{port}/v1", timeout=10))
         try:
             await peer.advertise()
-            assert await peer.complete("chat/completions", {"model": "m", "messages": []})
-            fd = await peer.prefill({"model": "m", "messages": []})
+            asked = read("chat/completions",
+                         b'{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}')
+            assert await peer.complete(asked)
+            fd = await peer.prefill(asked)
             try:
                 # a pipe the state is copied into as it comes (runtimed reads it)
                 assert await asyncio.to_thread(os.read, fd, 16) == b"state"

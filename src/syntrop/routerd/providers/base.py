@@ -12,13 +12,9 @@ from syntrop.routerd.config import ProviderConfig
 
 if TYPE_CHECKING:
     from syntrop.interfaces.runtime import LoadResult
+    from syntrop.routerd.request import Request
 
 
-#: The forwarded request's field naming the helper of a hand-off planned
-#: for the member it is sent to: {"from": node id} (handoff.py). Only
-#: another node's is heeded; routerd passes its own beside the request
-#: (Handed), never in it.
-HANDOFF = "syntrop_handoff"
 #: Most bytes of such a state a node takes from another (a 131,072-token
 #: context of SmolLM2 is about 3 GiB).
 MAX_STATE_BYTES = 4 << 30
@@ -96,10 +92,10 @@ class Provider(Protocol):
     rtt_ms: float | None
     free_accelerator_bytes: int | None
 
-    async def complete(self, endpoint: str, body: dict[str, Any],
+    async def complete(self, request: "Request",
                        handed: Handed | None = None) -> dict[str, Any] | bytes: ...
 
-    def stream(self, endpoint: str, body: dict[str, Any],
+    def stream(self, request: "Request",
                handed: Handed | None = None) -> AsyncGenerator[str, None]: ...
 
     async def list_models(self) -> list[str]: ...
@@ -110,7 +106,7 @@ class Provider(Protocol):
 
     async def advertise(self) -> None: ...
 
-    async def prefill(self, body: dict[str, Any]) -> int: ...
+    async def prefill(self, request: "Request") -> int: ...
 
 
 class Basics:
@@ -131,5 +127,5 @@ class Basics:
     async def advertise(self) -> None:
         return None
 
-    async def prefill(self, body: dict[str, Any]) -> int:
+    async def prefill(self, request: "Request") -> int:
         raise NotImplementedError("no prefill: see capabilities")

@@ -6,13 +6,16 @@ idle), server-sent events relayed chunk by chunk."""
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from syntrop.routerd.config import ProviderConfig
 from syntrop.routerd.providers.base import Basics, Handed, ProviderError
 from syntrop.routerd.sse import SSEParser
 from syntrop.routerd.wire import ResponseReader, request_head
+
+if TYPE_CHECKING:
+    from syntrop.routerd.request import Request
 
 #: The most of an upstream's non-streamed answer routerd holds.
 MAX_RESPONSE_BYTES = 16 << 20
@@ -178,14 +181,19 @@ class OpenAIProvider(Basics):
             return ProviderError(502, f"upstream answered {exchange.status}: {message}")
         return ProviderError(exchange.status, str(message), retryable=False)
 
-    def _sent(self, body: dict[str, Any], handed: Handed | None) -> dict[str, Any]:
-        """`body` as sent upstream: as it is (a peer adds its hand-off)."""
+    def _sent(self, request: "Request", handed: Handed | None) -> dict[str, Any]:
+        """The body sent upstream: the client's, passed through, the model
+        the candidate's (a provider that `continues` leaves a continued
+        answer's turn open; a peer adds its hand-off)."""
+        body = request.sent()
+        if request.continuation and self.capabilities.continues:
+            body["continue_final_message"] = True
         return body
 
-    async def complete(self, endpoint: str, body: dict[str, Any],
+    async def complete(self, request: "Request",
                        handed: Handed | None = None) -> dict[str, Any] | bytes:
         """The answer as the upstream sent it (checked, not re-encoded)."""
-        body = self._sent(body, handed)
+        endpoint, body = request.endpoint, self._sent(request, handed)
         payload = json.dumps(body if endpoint == "embeddings"
                              else {**body, "stream": False}).encode()
         exchange = await self._open("POST", "/" + endpoint, payload)
@@ -204,10 +212,10 @@ class OpenAIProvider(Basics):
             raise ProviderError(502, f"upstream answered JSON without {field}")
         return raw
 
-    async def stream(self, endpoint: str, body: dict[str, Any],
+    async def stream(self, request: "Request",
                      handed: Handed | None = None) -> AsyncGenerator[str, None]:
-        payload = json.dumps({**self._sent(body, handed), "stream": True}).encode()
-        exchange = await self._open("POST", "/" + endpoint, payload)
+        payload = json.dumps({**self._sent(request, handed), "stream": True}).encode()
+        exchange = await self._open("POST", "/" + request.endpoint, payload)
         try:
             if exchange.status != 200:
                 raise await self._failed(exchange)

@@ -10,14 +10,9 @@ import os
 import time
 from typing import Any
 
-from syntrop.routerd.providers.base import (
-    HANDOFF,
-    MAX_STATE_BYTES,
-    Capabilities,
-    Handed,
-    ProviderError,
-)
+from syntrop.routerd.providers.base import MAX_STATE_BYTES, Capabilities, Handed, ProviderError
 from syntrop.routerd.providers.openai import OpenAIProvider, _Exchange
+from syntrop.routerd.request import HANDOFF, Request
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +55,13 @@ class PeerProvider(OpenAIProvider):
         free = health.get("free_accelerator_bytes")
         self.free_accelerator_bytes = free if isinstance(free, int) else None
 
-    def _sent(self, body: dict[str, Any], handed: Handed | None) -> dict[str, Any]:
-        """`body` with the helper of a hand-off planned for this member."""
+    def _sent(self, request: Request, handed: Handed | None) -> dict[str, Any]:
+        """The body, with the helper of a hand-off planned for this member."""
+        body = super()._sent(request, handed)
         helper = handed.helper_for(self.config.id) if handed is not None else None
         return body if helper is None else {**body, HANDOFF: {"from": helper}}
 
-    async def prefill(self, body: dict[str, Any]) -> int:
+    async def prefill(self, request: Request) -> int:
         """A chat request's prompt prefilled by the peer's runtimed (its
         POST /v1/syntrop/prefill, handoff.py): the read end of a pipe that
         the state it streams back is copied into, COPY_CHUNK bytes at a
@@ -74,6 +70,7 @@ class PeerProvider(OpenAIProvider):
         The copy (`copies`, by that descriptor) ends at the body's end, at
         a failure (the pipe closes early: runtimed refuses a state cut
         short) or when the reader is gone."""
+        body = {k: v for k, v in request.sent().items() if k != "stream"}
         exchange = await self._open("POST", "/syntrop/prefill", json.dumps(body).encode())
         try:
             if exchange.status != 200:

@@ -1,6 +1,7 @@
-"""The local runtimed over Varlink: Runtime1.Chat and Runtime1.Complete,
-their chunks mapped to OpenAI chat.completion(.chunk) and text_completion
-objects."""
+"""The local runtimed over Varlink: a Request (routerd/request.py) mapped
+to Runtime1.Chat (its turns, sampling, constraint, a handed state) or
+Runtime1.Complete, their chunks mapped to OpenAI chat.completion(.chunk)
+and text_completion objects."""
 
 import asyncio
 import json
@@ -8,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from syntrop.config import Paths
@@ -19,6 +20,7 @@ from syntrop.routerd.providers.base import Basics, Capabilities, Handed, Provide
 if TYPE_CHECKING:
     from syntrop.interfaces.clients import Runtime1Client
     from syntrop.interfaces.runtime import Chunk, Constraint, LoadResult, Sampling, TokenLogprob
+    from syntrop.routerd.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -103,21 +105,6 @@ def _text_logprobs(entries: list[Any], offset: int = 0) -> dict[str, Any]:
             "text_offset": offsets}
 
 
-def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
-    """OpenAI's response_format as a JSON Schema: json_object is any JSON
-    object, json_schema its schema (always strict: the output is decoded
-    under the schema, so it validates); text or none, None."""
-    value = body.get("response_format")
-    if not isinstance(value, dict):
-        return None
-    if value.get("type") == "json_object":
-        return {"type": "object"}
-    if value.get("type") == "json_schema":
-        schema: dict[str, Any] = value.get("json_schema", {}).get("schema") or {"type": "object"}
-        return schema
-    return None
-
-
 #: OpenAI sampling fields runtimed has no equivalent of, with the value
 #: that means "off": any other value is refused rather than ignored.
 UNSUPPORTED = {"frequency_penalty": (None, 0), "presence_penalty": (None, 0),
@@ -130,33 +117,24 @@ def _unsupported(body: dict[str, Any]) -> None:
             raise ProviderError(400, f"runtimed does not support {name}", retryable=False)
 
 
-def _plan(endpoint: str, body: dict[str, Any]) -> "tools.Plan | None":
+def _plan(request: "Request") -> "tools.Plan | None":
     """A chat request's tools (routerd/tools.py); a 400 when malformed or
     asking for what runtimed cannot do."""
-    _unsupported(body)
-    if endpoint != "chat/completions":
+    _unsupported(request.body)
+    if request.endpoint != "chat/completions":
         return None
     try:
-        return tools.plan(body, _response_schema(body))
+        return tools.plan(request.body, request.response_schema)
     except tools.ToolsError as bad:
         raise ProviderError(400, str(bad), retryable=False) from None
 
 
-def _constraint(body: dict[str, Any], plan: "tools.Plan | None") -> "Constraint | None":
+def _constraint(request: "Request", plan: "tools.Plan | None") -> "Constraint | None":
     """runtimed's constraint: the tools' reply schema, else response_format's."""
     from syntrop.interfaces.runtime import Constraint
 
-    schema = plan.schema if plan is not None else _response_schema(body)
+    schema = plan.schema if plan is not None else request.response_schema
     return None if schema is None else Constraint(json_schema=json.dumps(schema))
-
-
-def turns(body: dict[str, Any]) -> list[tuple[str, str]] | None:
-    """A chat request's turns as runtimed would get them (tools folded in);
-    None when they are not valid (the request will be refused)."""
-    try:
-        return tools.messages(body, _plan("chat/completions", body))
-    except (tools.ToolsError, ProviderError, KeyError, TypeError, ValueError):
-        return None
 
 
 def _usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
@@ -204,16 +182,18 @@ def _failed(error: Exception) -> ProviderError:
     return ProviderError(502, f"runtimed failed: {error}")
 
 
-def _chat_turns(body: dict[str, Any], plan: "tools.Plan | None") -> list[tuple[str, str]]:
-    """A chat request's messages as runtimed's turns (tools folded in);
-    a 400 for a role runtimed does not serve or tools it cannot."""
-    for index, message in enumerate(body["messages"]):
+def _chat_turns(request: "Request", plan: "tools.Plan | None") -> list[tuple[str, str]]:
+    """A chat request's turns (the record's: tools folded in); a 400 for a
+    role runtimed does not serve or tools it cannot."""
+    for index, message in enumerate(request.body["messages"]):
         if message.get("role") not in ACCEPTED_ROLES:
             raise ProviderError(
                 400, f"messages[{index}].role {message.get('role')!r} is not one "
                      f"runtimed serves ({', '.join(ACCEPTED_ROLES)})", retryable=False)
-    try:
-        return tools.messages(body, plan)
+    if request.turns is not None:
+        return list(request.turns)
+    try:  # the record has none: the reason why
+        return tools.messages(request.body, plan)
     except tools.ToolsError as bad:
         raise ProviderError(400, str(bad), retryable=False) from None
 
@@ -255,8 +235,7 @@ class RuntimedProvider(Basics):
         except (OSError, CallTimeout) as error:
             raise ProviderError(502, f"runtimed unreachable: {error}") from None
 
-    async def _chunks(self, endpoint: str, body: dict[str, Any],
-                      plan: "tools.Plan | None" = None,
+    async def _chunks(self, request: "Request", plan: "tools.Plan | None" = None,
                       handed: Handed | None = None) -> AsyncIterator["Chunk"]:
         """runtimed's chunks; a chat answers from a handed state (taken,
         closed once the answer began: runtimed has its own copy then)."""
@@ -265,24 +244,26 @@ class RuntimedProvider(Basics):
         from syntrop.interfaces.runtime import ChatMessage
         from syntrop.varlink.client import CallTimeout
 
+        endpoint, body = request.endpoint, request.body
         if endpoint == "chat/completions":
-            turns = _chat_turns(body, plan)
+            turns = _chat_turns(request, plan)
         state = handed.take() if handed is not None and endpoint == "chat/completions" \
             else None
         try:
             async with await self._client() as client:
                 if endpoint == "chat/completions":
                     messages = [ChatMessage(role=role, content=text) for role, text in turns]
-                    open_last = bool(body.get("continue_final_message")) and \
+                    open_last = (request.continuation or
+                                 bool(body.get("continue_final_message"))) and \
                         bool(turns) and turns[-1][0] == "assistant"
-                    replies = client.Chat(model=body["model"], messages=messages,
+                    replies = client.Chat(model=request.model, messages=messages,
                                           sampling=_sampling(endpoint, body),
-                                          constraint=_constraint(body, plan),
+                                          constraint=_constraint(request, plan),
                                           continue_last=True if open_last else None,
                                           prefix_state=None if state is None
                                           else FileDescriptor(state))
                 else:
-                    replies = client.Complete(model=body["model"], prompt=str(body["prompt"]),
+                    replies = client.Complete(model=request.model, prompt=str(body["prompt"]),
                                               sampling=_sampling(endpoint, body))
                 async for reply in replies:
                     if state is not None:
@@ -295,12 +276,13 @@ class RuntimedProvider(Basics):
             if state is not None:
                 os.close(state)
 
-    async def stream(self, endpoint: str, body: dict[str, Any],
+    async def stream(self, request: "Request",
                      handed: Handed | None = None) -> AsyncGenerator[str, None]:
+        endpoint, body = request.endpoint, request.body
         if (body.get("n") or 1) > 1:
             raise ProviderError(400, "runtimed streams one choice: n > 1 needs stream false",
                                 retryable=False)
-        plan = _plan(endpoint, body)
+        plan = _plan(request)
         ident = ("chatcmpl-" if endpoint == "chat/completions" else "cmpl-") + os.urandom(8).hex()
         created = int(time.time())
         options = body.get("stream_options")
@@ -311,13 +293,13 @@ class RuntimedProvider(Basics):
 
         def out(choice: dict[str, Any]) -> str:
             return json.dumps({"id": ident, "object": kind, "created": created,
-                               "model": body["model"], "choices": [choice],
+                               "model": request.model, "choices": [choice],
                                **({"usage": None} if include_usage else {})})
 
         role: dict[str, Any] = {"role": "assistant"}  # on the first delta only
         calls = tools.ToolStream(plan) if plan is not None else None
         offset = 0  # characters sent, for completions' text_offset
-        async for chunk in self._chunks(endpoint, body, plan, handed):
+        async for chunk in self._chunks(request, plan, handed):
             tokens += chunk.tokens
             prompt = chunk.prompt_tokens or prompt
             cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
@@ -356,7 +338,7 @@ class RuntimedProvider(Basics):
                 yield out({"index": 0, "delta": {}, "finish_reason": finish})
         if include_usage:  # OpenAI's last chunk: no choices, the usage
             yield json.dumps({"id": ident, "object": kind, "created": created,
-                              "model": body["model"], "choices": [],
+                              "model": request.model, "choices": [],
                               "usage": _usage(prompt, tokens, cached)})
 
     async def _embed(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -403,7 +385,7 @@ class RuntimedProvider(Basics):
                 if packet.audio:
                     yield base64.b64decode(packet.audio)
 
-    async def prefill(self, body: dict[str, Any]) -> int:
+    async def prefill(self, request: "Request") -> int:
         """A chat request's prompt prefilled (Runtime1.Prefill, the same
         turns Chat would be asked): a memfd of its KV state, the caller's."""
         from asyncvarlink import VarlinkErrorReply
@@ -411,11 +393,11 @@ class RuntimedProvider(Basics):
         from syntrop.interfaces.runtime import ChatMessage
         from syntrop.varlink.client import CallTimeout
 
-        turns = _chat_turns(body, _plan("chat/completions", body))
+        turns = _chat_turns(request, _plan(request))
         client = await self._client()
         async with client:
             try:
-                with await client.Prefill(model=body["model"], messages=[
+                with await client.Prefill(model=request.model, messages=[
                         ChatMessage(role=role, content=text) for role, text in turns]) as reply:
                     return os.dup(reply["state"].fileno())
             except (VarlinkErrorReply, CallTimeout, OSError) as error:
@@ -433,10 +415,10 @@ class RuntimedProvider(Basics):
         except Exception:  # unreachable or older runtimed: no verdict
             return None
 
-    async def _collect(self, endpoint: str, body: dict[str, Any], plan: "tools.Plan | None",
+    async def _collect(self, request: "Request", plan: "tools.Plan | None",
                        handed: Handed | None = None) -> "_Whole":
         whole = _Whole()
-        async for chunk in self._chunks(endpoint, body, plan, handed):
+        async for chunk in self._chunks(request, plan, handed):
             (whole.thinking if chunk.thinking else whole.parts).append(chunk.text)
             if chunk.logprobs is not None:
                 whole.logprobs = (whole.logprobs or []) + list(chunk.logprobs)
@@ -447,17 +429,19 @@ class RuntimedProvider(Basics):
                 whole.cached = chunk.cached_tokens
         return whole
 
-    async def complete(self, endpoint: str, body: dict[str, Any],
+    async def complete(self, request: "Request",
                        handed: Handed | None = None) -> dict[str, Any]:
+        endpoint, body = request.endpoint, request.body
         if endpoint == "embeddings":
-            return await self._embed(body)
-        plan = _plan(endpoint, body)
+            return await self._embed(request.sent())
+        plan = _plan(request)
         n = body.get("n") or 1
         # n choices: n generations side by side (runtimed's slots batch
         # them), each its own seed when one is given, so they differ.
         seed = body.get("seed")
         wholes = await asyncio.gather(*(
-            self._collect(endpoint, body if seed is None else {**body, "seed": seed + index},
+            self._collect(request if seed is None else
+                          replace(request, body={**body, "seed": seed + index}),
                           plan, handed) for index in range(n)))
         usage = _usage(wholes[0].prompt, sum(w.tokens for w in wholes), wholes[0].cached)
         choices: list[dict[str, Any]] = []
@@ -479,10 +463,10 @@ class RuntimedProvider(Basics):
                             else None})
         if endpoint == "chat/completions":
             return {"id": "chatcmpl-" + os.urandom(8).hex(), "object": "chat.completion",
-                    "created": int(time.time()), "model": body["model"],
+                    "created": int(time.time()), "model": request.model,
                     "choices": choices, "usage": usage}
         return {"id": "cmpl-" + os.urandom(8).hex(), "object": "text_completion",
-                "created": int(time.time()), "model": body["model"],
+                "created": int(time.time()), "model": request.model,
                 "choices": choices, "usage": usage}
 
     async def probe(self) -> str:
