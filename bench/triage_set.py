@@ -20,10 +20,10 @@ figure that is to predict unseen failures is the held-out half's. Add new
 incidents to either half, keeping it balanced by kind; never move one.
 
 Labels are what a careful admin would run among today's tools
-(daemon_reload, unit_restart, revert_dropin, clear_cache), or nothing. No
-tool reverts a config file or a unit file, frees a disk, creates an
-account or repairs a state directory yet: there a restart only repeats
-the failure, and nothing is right.
+(daemon_reload, unit_restart, revert_dropin, clear_cache, revert_config,
+free_space where statvfs found the filesystem full), or nothing. No tool
+reverts a unit file, creates an account or repairs a state directory yet:
+there a restart only repeats the failure, and nothing is right.
 
     python -m bench.triage_set     the set, with the rules' answer to each
 """
@@ -37,11 +37,13 @@ from syntrop.sentry.findings import Cause, Change, Finding, Plan, UnitFacts
 S = 1_000_000
 #: The failure's time (realtime microseconds); the set's times are relative to it.
 FAILURE = 1_800_000_000 * S
-TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config")
+TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config",
+         "free_space")
 
 REVERT = ("revert_dropin",)
 REVERT_CONFIG = ("revert_config",)
 CLEAR = ("clear_cache", "unit_restart")
+FREE = ("free_space", "unit_restart")
 RELOAD = ("daemon_reload", "unit_restart")
 RESTART = ("unit_restart",)
 NOTHING: tuple[str, ...] = ()
@@ -240,14 +242,17 @@ def _no_user(unit: str, user: str, program: str, days: float) -> Incident:
         right=NOTHING)
 
 
-def _disk_full(unit: str, line: str, ran: float = 86400) -> Incident:
-    """The journal says the disk is full: a restart writes to it again."""
+def _disk_full(unit: str, line: str, ran: float = 86400, full: str | None = None
+               ) -> Incident:
+    """The journal says the disk is full: a restart writes to it again.
+    `full`: the path statvfs found on a full filesystem, which free_space
+    can make room on (then it, and a restart, is right)."""
     return Incident(name=f"disk full ({unit})", unit=unit, trigger="state_failed",
                     changes=(), journal=(line,),
                     facts=UnitFacts(unit=unit, active_enter_usec=_at(-ran),
                                     inactive_exit_usec=_at(-ran), exec_main_code=1,
-                                    exec_main_status=1),
-                    right=NOTHING)
+                                    exec_main_status=1, full_paths=(full,) if full else ()),
+                    right=FREE if full else NOTHING)
 
 
 def _oom(unit: str, line: str, ran: float = 7200) -> Incident:
@@ -406,6 +411,9 @@ TUNING: tuple[Incident, ...] = (
                "No space left on device"),
     _oom("indexer.service", "indexer.service: A process of this unit has been killed by the "
          "OOM killer."),
+    # Added with free_space.
+    _disk_full("render.service", "render: cannot create /var/cache/render/tile-88.png: "
+               "No space left on device", full="/var/cache/render/tile-88.png"),
 )
 
 #: The held-out half: never shown to whoever tunes the prompt.
@@ -443,6 +451,10 @@ HELD_OUT: tuple[Incident, ...] = tuple(replace(incident, held_out=True) for inci
     _disk_full("influx.service", "influx: write failed: ENOSPC: no space left on device, "
                "open '/srv/influx/wal/000812.wal'", ran=3 * 86400),
     _disk_full("logship.service", "logship: cannot append to spool: disk full (0 bytes free)"),
+    _disk_full("sync.service", "sync: write /var/lib/sync/journal.tmp failed: "
+               "No space left on device", ran=7200, full="/var/lib/sync/journal.tmp"),
+    _disk_full("metrics.service", "metrics: ENOSPC writing /var/cache/metrics/chunk-0042",
+               ran=600, full="/var/cache/metrics/chunk-0042"),
     _oom("thumbnailer.service", "thumbnailer: Out of memory: Killed process 4121 (thumbnailer)",
          ran=3 * 3600),
     _config("nginx-edge.service", "/etc/nginx-edge/nginx.conf", None,

@@ -73,11 +73,13 @@ def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:
     return found
 
 
-def test_list_tools_describes_the_five_tools(served: tuple[Activated, Path]) -> None:
+def test_list_tools_describes_the_six_tools(served: tuple[Activated, Path]) -> None:
     daemon, _ = served
     tools = {t["name"]: t for t in call(daemon, "ListTools")["tools"]}
     assert set(tools) == {"daemon_reload", "unit_restart", "revert_dropin", "clear_cache",
-                          "revert_config"}
+                          "revert_config", "free_space"}
+    assert tools["free_space"]["reversible"] is False
+    assert [p["name"] for p in tools["free_space"]["parameters"]] == ["unit", "path"]
     assert tools["revert_dropin"]["reversible"] is True
     assert tools["revert_dropin"]["sandbox"] == ["bubblewrap", "landlock", "seccomp"]
     assert tools["daemon_reload"]["sandbox"] == [] and tools["daemon_reload"]["risk"] == "safe"
@@ -105,6 +107,10 @@ BAD_INPUT = [
     ("revert_dropin", {"unit": "foo.service/../../etc"}, f"{NAME}.InvalidArgument", None),
     ("revert_dropin", {"unit": "a.service", "scope": "../x"}, f"{NAME}.InvalidArgument", None),
     ("clear_cache", {"unit": "dbus.service"}, f"{NAME}.UnitNotAllowed", {"unit": "dbus.service"}),
+    ("free_space", {"unit": "a.service", "path": "../var"}, f"{NAME}.InvalidArgument",
+     {"tool": "free_space", "parameter": "path", "reason": "must be an absolute path"}),
+    ("free_space", {"unit": "a.service"}, f"{NAME}.InvalidArgument",
+     {"tool": "free_space", "parameter": "path", "reason": "required"}),
     ("unit_restart", {"unit": "toold.service"}, f"{NAME}.UnitNotAllowed",
      {"unit": "toold.service"}),
     ("unit_restart", {"unit": "a.socket"}, f"{NAME}.UnitNotAllowed", {"unit": "a.socket"}),
@@ -129,7 +135,8 @@ def test_bad_input_gets_a_declared_error_changes_nothing_and_is_audited(
         if fields is not None:
             assert params == fields
         if got.endswith("InvalidArgument"):
-            assert params["parameter"] in ("unit", "scope", "force", "timeout_sec", "parameters")
+            assert params["parameter"] in ("unit", "scope", "force", "timeout_sec", "path",
+                                           "parameters")
         record = call(daemon, "GetAudit", limit=1)["records"][-1]
         assert record["tool"] == tool and record["error"] == error
         assert (record["decision"], record["outcome"]) == ("refused", "not_run")
@@ -271,7 +278,7 @@ def test_an_unauthorized_uid_is_refused_and_audited(served: tuple[Activated, Pat
     assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     listed = raw_call_as(65534, daemon.socket, {"method": f"{NAME}.ListTools",
                                                 "parameters": {}})
-    assert len(listed["parameters"]["tools"]) == 5
+    assert len(listed["parameters"]["tools"]) == 6
     record = call(daemon, "GetAudit", limit=1)["records"][-1]
     assert (record["uid"], record["decision"], record["error"]) == (
         65534, "denied", "io.syntrop.Tool1.NotAuthorized")

@@ -11,8 +11,8 @@ the host changed (checksums of /etc, /run/systemd/system, /var/cache and
 - a dependency whose bad drop-in failed the start of a unit that Requires
   it: the dependency's drop-in is reverted, the dependent's own benign
   drop-in is left alone, and the dependent's lost start is retried;
-- a config file edited by hand: named, one restart, then a human, the file
-  untouched;
+- a config file edited by hand: put back (revert_config);
+- a full filesystem the journal names: free_space → unit_restart;
 - a missing program: named, no action, a human;
 - a unit that dies a second after each start: never recorded healed;
 - a benign drop-in the unit ran well with, then a crash: restarted, the
@@ -345,6 +345,57 @@ def test_a_config_edited_by_hand_is_put_back(sentry: Instance) -> None:
     assert changed(before, snapshot(sentry), env) == set()  # the one file put back
     record("a config file edited by hand", incident)
     sentry.systemctl("stop", unit, check=False)
+
+
+def test_a_full_filesystem_is_freed_then_restarted(sentry: Instance) -> None:
+    """A 256 KiB filesystem holds the unit's spool (/srv/pl-full) and its
+    cache (/var/cache/pl-full), both bound from one tmpfs; leftovers in the
+    cache fill it, and the next start cannot write its spool file: "No
+    space left on device". statvfs finds the named path's filesystem full;
+    the rules plan toold's free_space (the unit's cache is on that
+    filesystem) and a restart, and the unit heals; nothing outside the
+    cache changed."""
+    unit = "pl-full.service"
+    disk, cache, spool = "/mnt/pl-full", "/var/cache/pl-full", "/srv/pl-full"
+    program(sentry, "/usr/local/bin/pl-full",
+            f"if ! head -c 65536 /dev/zero > {spool}/work.tmp 2>/dev/null; then\n"
+            f'  echo "pl-full: cannot write {spool}/work.tmp: No space left on device" >&2\n'
+            "  exit 1\nfi\nexec sleep infinity\n")
+    install(sentry, unit, "ExecStart=/usr/local/bin/pl-full\nCacheDirectory=pl-full\n")
+    sentry.run(["mkdir", "-p", disk, cache, spool])
+    sentry.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "pl-full", disk])
+    sentry.run(["mkdir", f"{disk}/cache", f"{disk}/spool"])
+    sentry.run(["mount", "--bind", f"{disk}/cache", cache])
+    sentry.run(["mount", "--bind", f"{disk}/spool", spool])
+    # The instance's mounts are private, so a service's namespace sees only
+    # what was mounted before it started (on a host, / is shared and a new
+    # mount reaches them): sentry and toold start again after these.
+    sentry.systemctl("stop", "toold.service")
+    sentry.systemctl("restart", "systemd-sentry.service")
+    sentry.wait_for_unit("systemd-sentry.service", ActiveState="active")
+    wait_until("sentry subscribed", lambda: call(sentry, "GetStatus")["subscribed"], 20)
+    try:
+        sentry.systemctl("start", unit)
+        sentry.wait_for_unit(unit, ActiveState="active")
+        before = snapshot(sentry)
+        sentry.run(["sh", "-c", f"rm -f {spool}/work.tmp; "
+                                f"dd if=/dev/zero of={cache}/left.bin bs=4k 2>/dev/null; true"])
+        sentry.systemctl("restart", unit, check=False)
+        [incident] = incidents(sentry, unit, 1)
+        assert (incident["cause"]["kind"], incident["cause"]["subject"]) == \
+            ("disk_full", f"{spool}/work.tmp"), incident["cause"]
+        assert plan_of(incident) == [("free_space", "succeeded"), ("unit_restart", "succeeded")]
+        assert incident["result"] == "healed", incident
+        assert audited(sentry, unit) == ["free_space", "unit_restart"]
+        # The tmpfs is mounted in the instance only: look from inside it.
+        assert sentry.run(["ls", "-A", cache]).stdout.split() == []
+        assert sentry.run(["ls", "-A", spool]).stdout.split() == ["work.tmp"]
+        assert changed(before, snapshot(sentry), cache, spool) == set()
+        record("a full filesystem", incident)
+    finally:
+        sentry.systemctl("stop", unit, check=False)
+        for mount in (spool, cache, disk):
+            sentry.run(["umount", mount], check=False)
 
 
 def config_edited(instance: Instance, unit: str, restart: str = "") -> str:

@@ -42,8 +42,8 @@ class ToolInfo:
     """A tool toold can run.
 
     Fields:
-        name: daemon_reload, unit_restart, revert_dropin, revert_config or
-            clear_cache.
+        name: daemon_reload, unit_restart, revert_dropin, revert_config,
+            clear_cache or free_space.
         description: What it does.
         risk: safe, remediation or maintenance.
         reversible: Whether it snapshots and can roll back.

@@ -70,6 +70,7 @@ NAMES: dict[tuple[str, ...], str] = {
     ("revert_dropin",): "undo",
     ("revert_config",): "revert",
     ("clear_cache", "unit_restart"): "clear",
+    ("free_space", "unit_restart"): "free",
     ("daemon_reload", "unit_restart"): "reload",
     ("unit_restart",): "restart",
     (): "nothing",
@@ -86,6 +87,8 @@ SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its 
           "names an error in it or its setting);\n"
           "clear: the journal names a corrupt file in the cache: clear it, then restart;\n"
           "reload: systemd runs an old definition: reload, then restart;\n"
+          "free: a filesystem the journal writes to is full: free the unit's cache and the "
+          "journal on it, then restart;\n"
           "restart: only a crash or a passing error with nothing changed (a signal, "
           "connection refused, try again later): the same start works again;\n"
           "nothing: a restart would fail the same way and no other plan fits: a human must "
@@ -236,6 +239,10 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
     _example("logs.service", ["main process exited with status 1"],
              ["logs: write /var/log/logs/app.log: No space left on device"],
              ["restart", "nothing"], "nothing"),
+    _example("spool.service", ["main process exited with status 1",
+                               "no space left on /var/cache/spool/q.tmp"],
+             ["spool: cannot write /var/cache/spool/q.tmp: No space left on device"],
+             ["free", "restart", "nothing"], "free"),
     _example("mq.service", ["main process exited with status 1",
                             "drop-in /etc/systemd/system/mq.service.d/30-log.conf changed "
                             "6 s before the failure",

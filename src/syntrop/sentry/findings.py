@@ -551,6 +551,11 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
         return Plan(steps=(Step(tool="revert_config",
                                 parameters={"unit": unit, "path": cause.subject}),),
                     reason=f"put back the config file edited before it ({cause.subject})")
+    if cause.kind == DISK_FULL and cause.subject and "free_space" in have:
+        return Plan(steps=steps(Step(tool="free_space",
+                                     parameters={"unit": unit, "path": cause.subject}), restart),
+                    reason=f"free the unit's cache and the journal on {cause.subject}'s "
+                           "filesystem, then restart")
     if cause.kind == TRANSIENT:
         return Plan(steps=steps(restart), reason="nothing explains it: restart")
     if cause.kind == TRANSIENT_ERROR and not restarted:
@@ -591,6 +596,8 @@ def candidates(found: Sequence[Finding], rules: Plan, cause: Cause, unit: str,
     fixable = {kind for kind, can in PRECEDENCE if can} - {DEPENDENCY}
     if "revert_config" in have:
         fixable.add(CONFIG_EDITED)  # an edit toold can put back
+    if "free_space" in have:
+        fixable.add(DISK_FULL)  # a full filesystem toold may make room on
     for finding in found:
         if finding.linked and finding.kind in fixable and finding.kind != cause.kind:
             offer(plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,

@@ -39,7 +39,8 @@ Clock = Callable[[], int]
 MS = 1_000
 SECOND = 1_000_000
 #: The tools toold had in this release, for when ListTools cannot be asked.
-KNOWN_TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config")
+KNOWN_TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config",
+               "free_space")
 #: Plans one incident tries before it gives up (try → verify → next).
 MAX_TRIES = 3
 

@@ -22,6 +22,10 @@
     allow_weaker = false            # run with the layers available instead of refusing
     timeout_sec = 30
 
+    [free_space]                    # what free_space may free, besides a unit's cache
+    journal_dirs = ["/var/log/journal", "/run/log/journal"]
+    journal_keep_mib = 64           # the journal is vacuumed to this size
+
     [timeouts]
     job_sec = 60                    # wait this long for a job's JobRemoved
     health_window_sec = 3           # watch a unit this long after a revert
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syntrop.config import ConfigError, load_toml, number
+from syntrop.config import ConfigError, integer, load_toml, number
 
 #: Units toold never acts on unless `deny` is configured otherwise: PID 1's
 #: own critical units, the bus, the journal, login, udev, and syntrop itself.
@@ -71,6 +75,8 @@ class Config:
     sandbox_timeout: float = 30.0
     job_timeout: float = 60.0
     health_window: float = 3.0
+    journal_dirs: tuple[Path, ...] = (Path("/var/log/journal"), Path("/run/log/journal"))
+    journal_keep: int = 64 << 20
 
 
 def _patterns(data: dict[str, Any], key: str, default: tuple[str, ...], where: str
@@ -103,7 +109,9 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
     rate = data.get("rate", {})
     sandbox = data.get("sandbox", {})
     timeouts = data.get("timeouts", {})
-    for name, table in (("rate", rate), ("sandbox", sandbox), ("timeouts", timeouts)):
+    free = data.get("free_space", {})
+    for name, table in (("rate", rate), ("sandbox", sandbox), ("timeouts", timeouts),
+                        ("free_space", free)):
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{name}] must be a table")
     bwrap = sandbox.get("bwrap", "/usr/bin/bwrap")
@@ -117,6 +125,9 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
     if address is not None and not isinstance(address, str):
         raise ConfigError(f"{where}: dbus_address must be a D-Bus address")
     context = data.get("context_socket")
+    journal_dirs = free.get("journal_dirs", ["/var/log/journal", "/run/log/journal"])
+    if not isinstance(journal_dirs, list):
+        raise ConfigError(f"{where}: free_space.journal_dirs must be a list of paths")
     return Config(
         unit_dirs=tuple(_path(d, "unit_dirs", where) for d in dirs),
         cache_root=_path(data.get("cache_root", "/var/cache"), "cache_root", where),
@@ -137,6 +148,8 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
         sandbox_timeout=number(sandbox, "timeout_sec", 30, where, minimum=1),
         job_timeout=number(timeouts, "job_sec", 60, where, minimum=0.1),
         health_window=number(timeouts, "health_window_sec", 3, where),
+        journal_dirs=tuple(_path(d, "free_space.journal_dirs", where) for d in journal_dirs),
+        journal_keep=integer(free, "journal_keep_mib", 64, where, minimum=1) << 20,
     )
 
 

@@ -320,3 +320,22 @@ def test_a_config_edited_by_hand_is_put_back_where_toold_offers_it() -> None:
                                                           "nothing"]
     # Without the tool: one restart, as before.
     assert tools(f.plan(cause, UNIT, TOOLS, RESTARTED)) == ["unit_restart"]
+
+
+def test_a_full_filesystem_found_by_statvfs_is_freed_where_toold_offers_it() -> None:
+    full = replace(RESTARTED, full_paths=("/var/lib/web/log",))
+    journal = ("web: write /var/lib/web/log: No space left on device",)
+    found = f.find(UNIT, "state_failed", [], list(journal), full, FAIL)
+    cause = f.cause(found, FAIL)
+    with_tool = (*TOOLS, "free_space")
+    plan = f.plan(cause, UNIT, with_tool, full)
+    assert [s.wire() for s in plan.steps] == [
+        {"tool": "free_space", "parameters": {"unit": UNIT, "path": "/var/lib/web/log"}},
+        {"tool": "unit_restart", "parameters": {"unit": UNIT}}]
+    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, full,
+                                               FAIL)] == ["free_space → unit_restart",
+                                                          "unit_restart", "nothing"]
+    # Words alone name no filesystem to free: a human's, as without the tool.
+    found = f.find(UNIT, "state_failed", [], list(journal), RESTARTED, FAIL)
+    cause = f.cause(found, FAIL)
+    assert f.plan(cause, UNIT, with_tool, RESTARTED).steps == ()
