@@ -5,8 +5,8 @@ the declared error naming the parameter. Pure but for `constraint`, which
 compiles in a thread."""
 
 import asyncio
-from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from syntrop.interfaces.runtime import (
     Constraint,
@@ -17,8 +17,9 @@ from syntrop.interfaces.runtime import (
     SessionConfig,
     Speculative,
 )
+from syntrop.runtimed import protocol
 from syntrop.runtimed.config import Config
-from syntrop.runtimed.protocol import KV_TYPES, Options, wire_params
+from syntrop.runtimed.protocol import KV_TYPES, Options
 from syntrop.runtimed.residency import check_name
 from syntrop.runtimed.sampling import Params, SamplingError, validate
 from syntrop.runtimed.sessions import PROMPT_FORMATS
@@ -160,12 +161,12 @@ def speculative(sampling: Sampling | None, params: Params,
 
 
 def decoding(params: Params, compiled: "constrain.Constraint | None",
-              spec: Speculative | None) -> dict[str, Any]:
-    """How a worker decodes, as it reads it."""
-    return {"params": wire_params(params),
-            "constraint": asdict(compiled) if compiled is not None else None,
-            "speculative": None if spec is None else {"draft": spec.draft,
-                                                      "draft_max": spec.draft_max}}
+             spec: Speculative | None) -> protocol.Decoding:
+    """How a worker decodes."""
+    return protocol.Decoding(
+        params=params, constraint=compiled,
+        speculative=None if spec is None else protocol.Speculation(
+            draft=spec.draft, draft_max=spec.draft_max))
 
 
 def prompt_format(config: SessionConfig | None) -> str | None:

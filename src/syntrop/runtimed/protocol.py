@@ -1,28 +1,32 @@
 """The face ↔ worker messages: the one module both sides import for them.
 
-The face (service.py, supervisor.py) sends a worker `Request`, `Cancel` and
-`Exit`; the worker answers each request with `Piece`s (a stream's text, as
-`piece` or `think`) and then `Done` or `Failed`, and says `Fatal` once when
-its engine cannot start. A declared failure is a `Kind` and its
-parameters, raised in the worker as `WorkerError`; the face raises the
-Runtime1 error supervisor.ERRORS maps the kind to. `encode` turns a message
-into the dict that channel.py carries (JSON, descriptors beside it) and
-`decode` turns such a dict back; the dicts are the wire, unchanged. A
-worker's settings travel in its environment (`Settings`, as JSON), and a
-context's `Options` and the sampling (`wire_params`) inside a request's
-arguments.
+The face (service.py, supervisor.py) sends a worker a `Request` (an id and
+one `Operation`: `Load`, `Generate`, `Decode`, `Open`, `Save`, ... each a
+frozen dataclass of typed fields), `Cancel` and `Exit`; the worker answers
+each request with `Piece`s (a stream's text, as `piece` or `think`) and then
+`Done` with its result or `Failed`, and says `Fatal` once when its engine
+cannot start. A declared failure is a `Kind` and its parameters, raised in
+the worker as `WorkerError`; the face raises the Runtime1 error
+supervisor.ERRORS maps the kind to, so the worker never sees a Varlink
+error class.
 
-A request's arguments and a reply's result stay dicts: each operation's
-fields are the worker's host.py and the face's to agree on.
+`encode` turns a message into the dict that channel.py carries (JSON,
+descriptors beside it: an operation as {"op": name, "args": its fields})
+and `decode` turns such a dict back into typed messages. A worker's
+settings travel in its environment (`Settings`, as JSON). A reply's result
+stays a dict, each operation's keys host.py's and the face's to agree on.
 """
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from syntrop.runtimed.sampling import Params
+
 if TYPE_CHECKING:
-    from syntrop.runtimed.sampling import Params
+    from syntrop.runtimed.constrain import Constraint
 
 #: The rate of every speech packet (Runtime1.Speak; speech.py makes them).
 SPEECH_RATE = 24_000
@@ -43,11 +47,6 @@ class Options:
     flash_attn: bool = False
     embedding: bool = False
     kv_cache_type: str = "f16"
-
-
-def wire_params(params: "Params") -> dict[str, Any]:
-    """Sampling parameters as a request's `params`."""
-    return {**asdict(params), "stop": list(params.stop)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,13 +116,211 @@ class Placed:
 # face -> worker
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """Say who you are: pid, engine, llama.cpp's system info."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Load:
+    """Load the model whose descriptor rides beside (a GGUF model or a
+    voice), placed as the face placed it."""
+
+    name: str
+    digest: str = ""
+    placement: Placed | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Draft:
+    """Load the draft model whose descriptor rides beside."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Speculation:
+    """Speculative decoding: a draft model's name (None: prompt lookup) and
+    the most tokens drafted a step (None: the worker's default)."""
+
+    draft: str | None = None
+    draft_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decoding:
+    """How a stream decodes: the sampling, the constraint the face
+    compiled, and speculation."""
+
+    params: Params
+    constraint: "Constraint | None" = None
+    speculative: Speculation | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prompt:
+    """A completion's `text`, or a chat's `messages` (role, content), the
+    last one left open with `continue_last`."""
+
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    continue_last: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generate:
+    """A stateless stream; a prefill handed in (handoff.py) may ride
+    beside, checked against the model's `digest`."""
+
+    prompt: Prompt
+    options: Options
+    decoding: Decoding
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decode:
+    """A stream that continues session `session`."""
+
+    session: str
+    decoding: Decoding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Embed:
+    options: Options
+    input: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Export:
+    """Prefill `messages` and hand back the state (Runtime1.Prefill)."""
+
+    options: Options
+    messages: tuple[tuple[str, str], ...]
+    digest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Open:
+    """Open session `session`'s context; a LoRA adapter's descriptor may
+    ride beside."""
+
+    session: str
+    options: Options
+    lora: str | None = None
+    lora_scale: float = 1.0
+    sinks: int | None = None
+    prompt_format: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prefix:
+    """Make a session's context start with `text` (manifest `digest`)."""
+
+    session: str
+    text: str
+    add_bos: bool
+    current_digest: str | None
+    digest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suffix:
+    """Evaluate `text` after a session's `prefix_tokens`."""
+
+    session: str
+    text: str
+    prefix_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Save:
+    """Spill a session: its state comes back beside the reply."""
+
+    session: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restore:
+    """Bring a spilled session back; its state rides beside."""
+
+    session: str
+    lora: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close:
+    session: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trim:
+    """Free the idle contexts."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Speak:
+    model: str
+    text: str
+    voice: str | None = None
+    speed: float | None = None
+
+
+Operation = (Hello | Load | Draft | Generate | Decode | Embed | Export | Open | Prefix
+             | Suffix | Save | Restore | Close | Trim | Speak)
+#: Each operation's name on the wire.
+OPERATIONS: dict[str, type[Operation]] = {
+    "hello": Hello, "load": Load, "draft": Draft, "generate": Generate, "decode": Decode,
+    "embed": Embed, "export": Export, "open": Open, "prefix": Prefix, "suffix": Suffix,
+    "save": Save, "restore": Restore, "close": Close, "trim": Trim, "speak": Speak}
+NAMES = {cls: name for name, cls in OPERATIONS.items()}
+
+
+def _turns(value: list[list[str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(role), str(text)) for role, text in value)
+
+
+def _decoding(value: dict[str, Any]) -> Decoding:
+    from syntrop.runtimed.constrain import Constraint
+
+    params, constraint, spec = value["params"], value["constraint"], value["speculative"]
+    return Decoding(params=Params(**{**params, "stop": tuple(params["stop"])}),
+                    constraint=None if constraint is None else Constraint(**constraint),
+                    speculative=None if spec is None else Speculation(**spec))
+
+
+#: How a field's JSON value becomes its type (the others are JSON already).
+_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "placement": Placed.from_wire,
+    "options": lambda value: Options(**value),
+    "decoding": _decoding,
+    "prompt": lambda value: Prompt(text=value["text"], continue_last=value["continue_last"],
+                                   messages=value["messages"] and _turns(value["messages"])),
+    "messages": _turns,
+    "input": lambda value: tuple(str(text) for text in value),
+}
+
+
+def operation(op: str, args: dict[str, Any]) -> Operation:
+    """The operation `op` with its wire `args` (ValueError: no such op)."""
+    cls = OPERATIONS.get(op)
+    if cls is None:
+        raise ValueError(f"unknown operation {op!r}")
+    return cls(**{name: value if value is None or name not in _FIELDS else _FIELDS[name](value)
+                  for name, value in args.items()})
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
-    """Run `op` with `args` (descriptors ride beside it)."""
+    """Run `operation` (descriptors ride beside it)."""
 
     id: int
-    op: str
-    args: dict[str, Any] = field(default_factory=dict)
+    operation: Operation
+
+    @property
+    def op(self) -> str:
+        return NAMES[type(self.operation)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +417,8 @@ def encode(message: Message) -> dict[str, Any]:
     """`message` as channel.py carries it."""
     wire: dict[str, Any]
     match message:
-        case Request(id=rid, op=op, args=args):
-            wire = {"id": rid, "op": op, "args": args}
+        case Request(id=rid, operation=operation):
+            wire = {"id": rid, "op": message.op, "args": asdict(operation)}
         case Cancel(id=rid):
             wire = {"id": rid, "op": "cancel"}
         case Exit():
@@ -258,7 +455,7 @@ def decode(wire: dict[str, Any]) -> Message:
             return Cancel(rid)
         if op == "exit":
             return Exit()
-        return Request(rid, op, dict(wire.get("args") or {}))
+        return Request(rid, operation(op, dict(wire.get("args") or {})))
     event = str(wire.get("event", ""))
     if event in ("piece", "think", "audio"):
         return Piece(rid, event, str(wire.get("text", "")), int(wire.get("tokens", 0)),

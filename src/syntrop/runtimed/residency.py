@@ -42,7 +42,7 @@ from syntrop.interfaces.runtime import (
     ModelNotFound,
     WeightsMismatch,
 )
-from syntrop.runtimed import leases
+from syntrop.runtimed import leases, protocol
 from syntrop.runtimed.config import Config
 from syntrop.runtimed.layout import CELLS, Board
 from syntrop.runtimed.models import WeightsDiffer, open_in_modeld, verified
@@ -298,9 +298,8 @@ class Residency:
                 resident.cgroup = self.cgroups.place(worker.pid)
                 resident.lease = await self._lease(resident)
                 placed = self._place(resident, metadata, slots)
-                loaded = await worker.request("load", {"name": name, "digest": digest,
-                                                       "placement": placed.to_wire()},
-                                              [fd], label="load")
+                loaded = await worker.request(
+                    protocol.Load(name=name, digest=digest, placement=placed), [fd], label="load")
                 resident.placement = loaded.get("placement")
             except BaseException:
                 await worker.stop()
@@ -398,7 +397,7 @@ class Residency:
             return
         fd, _, _ = await self.open_verified(draft)
         try:
-            await resident.worker.request("draft", {"name": draft}, [fd], label="draft")
+            await resident.worker.request(protocol.Draft(name=draft), [fd], label="draft")
         finally:
             os.close(fd)
         resident.drafts.add(draft)

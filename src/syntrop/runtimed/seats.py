@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from syntrop.interfaces.runtime import SessionLost
+from syntrop.runtimed import protocol
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.protocol import Options
 from syntrop.runtimed.residency import Resident
@@ -169,7 +170,7 @@ class Seats:
                 return True
             try:
                 result, fds = await seat.resident.worker.request_fds(
-                    "save", {"session": session.session_id}, label="spill")
+                    protocol.Save(session=session.session_id), label="spill")
             except WorkerGone:
                 return False  # its sessions are lost: `lost` freed the slot
             except Exception as error:
@@ -228,7 +229,7 @@ class Seats:
             with contextlib.suppress(KeyError, OSError):
                 fd = await asyncio.to_thread(self.spill.take, session.session_id)
             result = await seat.resident.worker.request(
-                "restore", {"session": session.session_id, "lora": seat.lora},
+                protocol.Restore(session=session.session_id, lora=seat.lora),
                 [fd] if fd is not None else [], label="restore")
             # The worker may have died right after answering: the session
             # is lost then, and `lost` did not count this slot.
@@ -275,7 +276,7 @@ class Seats:
                     try:
                         # The worker keeps a spilled seat's adapter: it forgets both.
                         await seat.resident.worker.request(
-                            "close", {"session": session.session_id}, label="Close")
+                            protocol.Close(session=session.session_id), label="Close")
                     except WorkerGone:
                         pass  # gone with its worker
                     finally:

@@ -62,7 +62,7 @@ from syntrop.interfaces.runtime import (
     SuffixStatus,
     UnloadResult,
 )
-from syntrop.runtimed import checks, reports
+from syntrop.runtimed import checks, protocol, reports
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.config import Config, load
 from syntrop.runtimed.protocol import Options
@@ -115,13 +115,13 @@ ERRORS: dict[type[Exception], Callable[[Any], Exception]] = {
 }
 
 
-def _turns(messages: list[ChatMessage]) -> list[list[str]]:
+def _turns(messages: list[ChatMessage]) -> tuple[tuple[str, str], ...]:
     """A chat's messages as the worker takes them; InvalidParameter when
     there are none, too many, or one is too long or of an unknown role."""
     if not messages or len(messages) > MAX_MESSAGES or \
             any(m.role not in ROLES or len(m.content) > MAX_TEXT for m in messages):
         raise InvalidParameter(parameter="messages")
-    return [[m.role, m.content] for m in messages]
+    return tuple((m.role, m.content) for m in messages)
 
 
 @contextlib.contextmanager
@@ -175,15 +175,15 @@ class RuntimeService(Runtime1):
             logger.info("%s (%s)", choice.describe(), choice.reason)
         return await asyncio.shield(self._choice)
 
-    def _open(self, resident: Resident, op: str, args: dict[str, Any],
+    def _open(self, resident: Resident, operation: protocol.Operation,
               fds: Sequence[int] = (), *, label: str) -> Call:
         with contract():
-            return resident.worker.open(op, args, fds, label=label)
+            return resident.worker.open(operation, fds, label=label)
 
-    async def _call(self, resident: Resident, op: str, args: dict[str, Any],
+    async def _call(self, resident: Resident, operation: protocol.Operation,
                     fds: Sequence[int] = (), *, label: str) -> dict[str, Any]:
         with contract():
-            return await resident.worker.request(op, args, fds, label=label)
+            return await resident.worker.request(operation, fds, label=label)
 
     async def _stream(self, resident: Resident, call: Call, done: Callable[[], None],
                       received: float, *, on_text: Callable[[str], None] | None = None,
@@ -217,7 +217,7 @@ class RuntimeService(Runtime1):
         context freed) and move spilled state from memory to files."""
         closed = 0
         for resident in list(self.models.values()):
-            closed += int((await self._call(resident, "trim", {}, label="trim"))["closed"])
+            closed += int((await self._call(resident, protocol.Trim(), label="trim"))["closed"])
         spilled = 0
         while await self.seats.spill_one(None):
             spilled += 1
@@ -245,7 +245,7 @@ class RuntimeService(Runtime1):
 
     # streams --------------------------------------------------------------------
 
-    async def _generate(self, model: str, sampling: Sampling | None, prompt: dict[str, Any],
+    async def _generate(self, model: str, sampling: Sampling | None, prompt: protocol.Prompt,
                         constraint: Constraint | None, label: str, priority: str | None = None,
                         state: FileDescriptor | None = None) -> AsyncIterator[AnnotatedResult]:
         received = time.monotonic()
@@ -270,10 +270,10 @@ class RuntimeService(Runtime1):
             if self.config.layout == "batch" and speculative is None:
                 resident.batch_running = (resident.batch_running or 0) + 1
                 held.callback(self._batch_left, resident)
-            call = self._open(resident, "generate",
-                              {**prompt, "options": asdict(options), "digest": resident.digest,
-                               **checks.decoding(params, compiled, speculative)},
-                              [state.fileno()] if state is not None else (), label=label)
+            call = self._open(resident, protocol.Generate(
+                prompt=prompt, options=options, digest=resident.digest,
+                decoding=checks.decoding(params, compiled, speculative)),
+                [state.fileno()] if state is not None else (), label=label)
         except BaseException:
             held.close()
             raise
@@ -292,7 +292,7 @@ class RuntimeService(Runtime1):
     ) -> AsyncIterator[AnnotatedResult]:
         if len(prompt) > MAX_TEXT:
             raise InvalidParameter(parameter="prompt")
-        async for reply in self._generate(model, sampling, {"prompt": prompt}, constraint,
+        async for reply in self._generate(model, sampling, protocol.Prompt(text=prompt), constraint,
                                           "Complete", priority):
             yield reply
 
@@ -305,9 +305,7 @@ class RuntimeService(Runtime1):
         turns = _turns(messages)
         if continue_last and (messages[-1].role != "assistant" or not messages[-1].content):
             raise InvalidParameter(parameter="continue_last")
-        prompt: dict[str, Any] = {"messages": turns}
-        if continue_last:
-            prompt["continue_last"] = True
+        prompt = protocol.Prompt(messages=turns, continue_last=bool(continue_last))
         async for reply in self._generate(model, sampling, prompt, constraint,
                                           "Chat", priority, prefix_state):
             yield reply
@@ -324,8 +322,8 @@ class RuntimeService(Runtime1):
             held.callback(self.slots.release)
             with contract():
                 result, fds = await resident.worker.request_fds(
-                    "export", {"messages": turns, "options": asdict(options),
-                           "digest": resident.digest}, label="Prefill")
+                    protocol.Export(messages=turns, options=options, digest=resident.digest),
+                    label="Prefill")
         if len(fds) != 1:  # cancelled: nobody is waiting for it
             for fd in fds:
                 os.close(fd)
@@ -343,9 +341,9 @@ class RuntimeService(Runtime1):
         try:
             await self._slot()
             try:
-                result = await self._call(resident, "embed",
-                                          {"input": input, "options": asdict(options)},
-                                          label="Embed")
+                result = await self._call(
+                    resident, protocol.Embed(input=tuple(input), options=options),
+                    label="Embed")
             finally:
                 self.slots.release()
         finally:
@@ -370,8 +368,8 @@ class RuntimeService(Runtime1):
             held.callback(resident.release)
             await self._slot()
             held.callback(self.slots.release)
-            call = self._open(resident, "speak", {"model": model, "text": text,
-                                                  "voice": voice, "speed": speed},
+            call = self._open(resident, protocol.Speak(model=model, text=text,
+                                                       voice=voice, speed=speed),
                               label="Speak")
         except BaseException:
             held.close()
@@ -452,9 +450,9 @@ class RuntimeService(Runtime1):
         session_id = os.urandom(16).hex()
         try:
             result = await self._call(
-                resident, "open", {"session": session_id, "options": asdict(options),
-                                   "lora": lora, "lora_scale": scale, "sinks": sinks,
-                                   "prompt_format": prompt_format},
+                resident, protocol.Open(session=session_id, options=options, lora=lora,
+                                        lora_scale=scale, sinks=sinks,
+                                        prompt_format=prompt_format),
                 [lora_fd] if lora_fd is not None else [], label="OpenSession")
             if not resident.worker.alive:  # died right after answering
                 raise crashed(model, WorkerGone(model, resident.worker.exit,
@@ -493,9 +491,9 @@ class RuntimeService(Runtime1):
         seat = session.engine
         await self._wake(session)
         try:
-            result = await self._call(seat.resident, "prefix", {
-                "session": session_id, "text": text, "add_bos": session.add_bos,
-                "current_digest": session.manifest_digest, "digest": digest},
+            result = await self._call(seat.resident, protocol.Prefix(
+                session=session_id, text=text, add_bos=session.add_bos,
+                current_digest=session.manifest_digest, digest=digest),
                 label="EnsurePrefix")
         finally:
             self.seats.rest(session)
@@ -534,8 +532,8 @@ class RuntimeService(Runtime1):
         try:
             if session.manifest_digest is None:  # restored cold
                 raise NoPrefix(session_id=session_id)
-            result = await self._call(seat.resident, "suffix", {
-                "session": session_id, "text": text, "prefix_tokens": session.prefix_tokens},
+            result = await self._call(seat.resident, protocol.Suffix(
+                session=session_id, text=text, prefix_tokens=session.prefix_tokens),
                 label="PrefillSuffix")
         finally:
             self.seats.rest(session)
@@ -575,10 +573,9 @@ class RuntimeService(Runtime1):
                 raise NoPrefix(session_id=session_id)
             if speculative is not None and speculative.draft is not None:
                 await self._draft(seat.resident, speculative.draft)
-            call = self._open(seat.resident, "decode",
-                              {"session": session_id,
-                               **checks.decoding(params, compiled, speculative)},
-                              label="Decode")
+            call = self._open(seat.resident, protocol.Decode(
+                session=session_id, decoding=checks.decoding(params, compiled, speculative)),
+                label="Decode")
         except BaseException:
             held.close()
             raise

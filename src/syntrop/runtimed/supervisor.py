@@ -204,7 +204,7 @@ class WorkerProcess:
             theirs.close()
         worker = cls(model, process, ours, cell, on_exit)
         try:
-            hello = await asyncio.wait_for(worker.request("hello", {}, label="start"),
+            hello = await asyncio.wait_for(worker.request(protocol.Hello(), label="start"),
                                            START_TIMEOUT)
         except TimeoutError:
             worker.kill()
@@ -228,34 +228,35 @@ class WorkerProcess:
 
     # calls ------------------------------------------------------------------
 
-    def open(self, op: str, args: dict[str, Any], fds: Sequence[int] = (), *,
+    def open(self, operation: protocol.Operation, fds: Sequence[int] = (), *,
              label: str = "") -> Call:
         """Send a call; its events arrive in `Call.events` (a stream's
         reader takes them from there: streams.py)."""
         if not self.alive:
             raise WorkerGone(self.model, self.exit, self.gone_reason())
-        call = Call(next(self._ids), op, label or op, time.monotonic())
+        request = protocol.Request(next(self._ids), operation)
+        call = Call(request.id, request.op, label or request.op, time.monotonic())
         self._calls[call.id] = call
         try:
-            self.link.send(protocol.encode(protocol.Request(call.id, op, args)), fds)
+            self.link.send(protocol.encode(request), fds)
         except OSError:
             del self._calls[call.id]
             raise WorkerGone(self.model, self.exit, self.gone_reason()) from None
         self.served += 1
         return call
 
-    async def request(self, op: str, args: dict[str, Any], fds: Sequence[int] = (),
+    async def request(self, operation: protocol.Operation, fds: Sequence[int] = (),
                       *, label: str = "") -> dict[str, Any]:
         """One reply's result (a call's descriptors, if any, are closed)."""
-        result, received = await self.request_fds(op, args, fds, label=label)
+        result, received = await self.request_fds(operation, fds, label=label)
         for fd in received:
             os.close(fd)
         return result
 
-    async def request_fds(self, op: str, args: dict[str, Any], fds: Sequence[int] = (),
+    async def request_fds(self, operation: protocol.Operation, fds: Sequence[int] = (),
                           *, label: str = "") -> tuple[dict[str, Any], list[int]]:
         """One reply's result and the descriptors that came with it."""
-        call = self.open(op, args, fds, label=label)
+        call = self.open(operation, fds, label=label)
         try:
             while True:
                 message, received = await call.events.get()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syntrop.prefix import reported
+from syntrop.runtimed import protocol
 from syntrop.runtimed import sessions as sessions_mod
 from syntrop.runtimed.layout import Pace
 from syntrop.runtimed.protocol import Kind, Options, Placed, WorkerError
@@ -59,14 +60,6 @@ class Sink(Protocol):
     def think(self, text: str, tokens: int,
               logprobs: list[dict[str, Any]] | None = None) -> None: ...
     def first(self) -> None: ...
-
-
-def options_from(value: dict[str, Any]) -> Options:
-    return Options(**value)
-
-
-def params_from(value: dict[str, Any]) -> Params:
-    return Params(**{**value, "stop": tuple(value.get("stop", ()))})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -104,15 +97,6 @@ class Counts:
             extra.update(thinking_tokens=self.reasoning.thinking_tokens,
                          answer_tokens=self.reasoning.answer_tokens)
         return extra
-
-
-def _constraint(value: dict[str, Any] | None) -> "constrain.Constraint | None":
-    """The constraint runtimed compiled (and checked) for this request."""
-    if value is None:
-        return None
-    from syntrop.runtimed.constrain import Constraint
-
-    return Constraint(**value)
 
 
 def _processor(engine: Engine, compiled: "constrain.Constraint | None") -> Any:
@@ -215,21 +199,20 @@ class Host:
 
     # streams ------------------------------------------------------------------
 
-    def generate(self, args: dict[str, Any], sink: Sink, fds: list[int]) -> dict[str, Any]:
-        """A completion (`prompt`) or chat (`messages`) stream; fds[0], if
-        any, a prefill handed in for its prompt (handoff.py)."""
-        options = options_from(args["options"])
-        saved = handoff.handed(fds, str(args.get("digest") or ""), options.n_ctx,
+    def generate(self, request: protocol.Generate, sink: Sink,
+                 fds: list[int]) -> dict[str, Any]:
+        """A completion (`prompt.text`) or chat (`prompt.messages`) stream;
+        fds[0], if any, a prefill handed in for its prompt (handoff.py)."""
+        options = request.options
+        saved = handoff.handed(fds, request.digest, options.n_ctx,
                                lambda: self._pool().tokenizer().metadata)
-        params = params_from(args["params"])
-        compiled = _constraint(args.get("constraint"))
-        speculative = args.get("speculative")
+        params, compiled, speculative = (request.decoding.params, request.decoding.constraint,
+                                         request.decoding.speculative)
         pool = self._pool()
         turns: list[tuple[str, str]] | None = None
-        if "messages" in args:
-            turns = [(str(role), str(content)) for role, content in args["messages"]]
-
-            open_last = bool(args.get("continue_last"))
+        if request.prompt.messages is not None:
+            turns = list(request.prompt.messages)
+            open_last = request.prompt.continue_last
 
             def prompt(engine: Engine) -> tuple[list[int], tuple[str, ...]]:
                 try:
@@ -240,7 +223,7 @@ class Host:
                 except ValueError:
                     raise WorkerError(Kind.INVALID_PARAMETER, parameter="continue_last") from None
         else:
-            text = str(args["prompt"])
+            text = request.prompt.text or ""
 
             def prompt(engine: Engine) -> tuple[list[int], tuple[str, ...]]:
                 return engine.tokenize(text, add_bos=True), ()
@@ -271,7 +254,7 @@ class Host:
                 if speculative is not None:
                     reason, counts.drafted, counts.accepted = engine.speculate(
                         tokens, params, sink.stop, sink.emit, drafter=drafter,
-                        draft_max=speculative.get("draft_max") or DRAFT_MAX, extra_stops=stops,
+                        draft_max=speculative.draft_max or DRAFT_MAX, extra_stops=stops,
                         pace=self.pace, first=sink.first)
                 else:
                     reason = engine.generate(
@@ -358,13 +341,13 @@ class Host:
             assert pool.batch_engine is not None
             return pool.batcher, pool.batch_engine
 
-    def _drafter(self, spec: dict[str, Any], engine: Engine, options: Options,
+    def _drafter(self, spec: protocol.Speculation, engine: Engine, options: Options,
                  held: contextlib.ExitStack) -> Any:
         """Prompt lookup, or a draft model's context (given back when the
         stream ends) whose vocabulary was checked against the model's."""
         from syntrop.runtimed.worker import speculative as sp
 
-        name = spec.get("draft")
+        name = spec.draft
         if name is None:
             return sp.PromptLookup()
         target = self._pool()
@@ -386,12 +369,12 @@ class Host:
         held.callback(drafter.close)  # before its context goes back to the pool
         return drafter
 
-    def embed(self, args: dict[str, Any]) -> dict[str, Any]:
-        options = options_from(args["options"])
+    def embed(self, request: protocol.Embed) -> dict[str, Any]:
+        options = request.options
         pool = self._pool()
         engine = pool.take(options)
         try:
-            vectors = engine.embed([str(text) for text in args["input"]], self.pace)
+            vectors = engine.embed(list(request.input), self.pace)
         except Overflow as error:
             raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
         finally:
@@ -440,20 +423,20 @@ class Host:
                                   adapter=adapter, reason=error.reason[:512]) from None
         return engine
 
-    def open(self, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def open(self, request: protocol.Open, fds: list[int]) -> dict[str, Any]:
         """A session's context (with its adapter, behind fds[0], when it has
-        one); ShiftUnsupported for sinks on a cache that cannot shift."""
-        session = str(args["session"])
-        seat = SessionContext(options=options_from(args["options"]), engine=None,
-                    lora_fd=fds[0] if fds else None, lora_scale=float(args.get("lora_scale", 1.0)))
+        one); SHIFT_UNSUPPORTED for sinks on a cache that cannot shift."""
+        session = request.session
+        seat = SessionContext(options=request.options, engine=None,
+                              lora_fd=fds[0] if fds else None, lora_scale=request.lora_scale)
         try:
-            engine = self._new_context(seat, str(args.get("lora") or ""))
-            declared = args.get("prompt_format")
+            engine = self._new_context(seat, request.lora or "")
+            declared = request.prompt_format
             if declared not in (None, "raw") and sessions_mod.template_format(
                     engine.metadata.get("tokenizer.chat_template")) != declared:
                 engine.close()
                 raise WorkerError(Kind.INVALID_PARAMETER, parameter="config.prompt_format")
-            if args.get("sinks") is not None:
+            if request.sinks is not None:
                 from syntrop.runtimed.journal import Journal
                 from syntrop.runtimed.worker.sinks import Window
 
@@ -461,7 +444,7 @@ class Host:
                     engine.close()
                     raise WorkerError(Kind.SHIFT_UNSUPPORTED, model=self._pool().name)
                 # runtimed keeps the session's journal; this one stays empty.
-                seat.window = Window(sinks=int(args["sinks"]), journal=Journal(1))
+                seat.window = Window(sinks=request.sinks, journal=Journal(1))
         except BaseException:
             if seat.lora_fd is not None:
                 os.close(seat.lora_fd)
@@ -471,15 +454,15 @@ class Host:
             self.seats[session] = seat
         return {"n_ctx": engine.n_ctx}
 
-    def prefix(self, args: dict[str, Any]) -> dict[str, Any]:
-        engine = self._engine(str(args["session"]))
+    def prefix(self, request: protocol.Prefix) -> dict[str, Any]:
+        engine = self._engine(request.session)
         with engine.lock:
-            self._still(str(args["session"]), engine)
-            tokens = engine.tokenize(str(args["text"]), add_bos=bool(args["add_bos"]))
+            self._still(request.session, engine)
+            tokens = engine.tokenize(request.text, add_bos=request.add_bos)
             try:
                 engine.check_fits(len(tokens))
-                plan = sessions_mod.plan_prefix(engine.resident(), args["current_digest"],
-                                                tokens, str(args["digest"]))
+                plan = sessions_mod.plan_prefix(engine.resident(), request.current_digest,
+                                                tokens, request.digest)
                 engine.prefill(plan.reused, plan.prefill, self.pace)
             except Overflow as error:
                 raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
@@ -488,26 +471,25 @@ class Host:
                     "token_hash": sessions_mod.token_hash(tokens),
                     "resident": len(engine.resident())}
 
-    def suffix(self, args: dict[str, Any]) -> dict[str, Any]:
-        engine = self._engine(str(args["session"]))
+    def suffix(self, request: protocol.Suffix) -> dict[str, Any]:
+        engine = self._engine(request.session)
         with engine.lock:
-            self._still(str(args["session"]), engine)
-            tokens = engine.tokenize(str(args["text"]), add_bos=False)
+            self._still(request.session, engine)
+            tokens = engine.tokenize(request.text, add_bos=False)
             try:
-                engine.prefill(int(args["prefix_tokens"]), tokens, self.pace)
+                engine.prefill(request.prefix_tokens, tokens, self.pace)
             except Overflow as error:
                 raise WorkerError(Kind.OVERFLOW, tokens=error.tokens, n_ctx=error.n_ctx) from None
             return {"count": len(tokens), "resident": len(engine.resident())}
 
-    def decode(self, args: dict[str, Any], sink: Sink) -> dict[str, Any]:
+    def decode(self, request: protocol.Decode, sink: Sink) -> dict[str, Any]:
         """Generate from a session's resident state; with sinks, sliding
         past the window."""
-        session = str(args["session"])
+        session = request.session
         seat = self._seat(session)
         engine = self._engine(session)
-        params = params_from(args["params"])
-        compiled = _constraint(args.get("constraint"))
-        speculative = args.get("speculative")
+        params, compiled, speculative = (request.decoding.params, request.decoding.constraint,
+                                         request.decoding.speculative)
         window = seat.window
         counts = Counts(_reasoning(engine, params))
         with contextlib.ExitStack() as held:
@@ -521,7 +503,7 @@ class Host:
                             engine.shift(window, 2)  # room to go on; drafts fit the rest
                         reason, counts.drafted, counts.accepted = engine.speculate(
                             engine.continuation(), params, sink.stop, sink.emit,
-                            drafter=drafter, draft_max=speculative.get("draft_max") or DRAFT_MAX,
+                            drafter=drafter, draft_max=speculative.draft_max or DRAFT_MAX,
                             pace=self.pace, first=sink.first)
                     else:
                         reason = engine.generate(
@@ -536,27 +518,27 @@ class Host:
                     counts.shifted = window.take_shifted()
         return {"reason": reason, "resident": len(engine.resident()), **counts.extra()}
 
-    def save(self, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    def save(self, request: protocol.Save) -> tuple[dict[str, Any], list[int]]:
         """Spill: the session's state into a memfd (handed to runtimed), its
         context closed."""
-        seat = self._seat(str(args["session"]))
-        engine = self._engine(str(args["session"]))
+        seat = self._seat(request.session)
+        engine = self._engine(request.session)
         with engine.lock:
-            self._still(str(args["session"]), engine)
+            self._still(request.session, engine)
             saved = engine.save()
             fd = memfd_of(saved, "syntrop-spill")
             seat.engine = None
             engine.close()
         return {"tokens": len(saved.tokens), "bytes": len(saved.data)}, [fd]
 
-    def restore(self, args: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def restore(self, request: protocol.Restore, fds: list[int]) -> dict[str, Any]:
         """A spilled session back in a new context from the state behind
         fds[0]; `cold` when that state is lost or does not fit."""
-        seat = self._seat(str(args["session"]))
+        seat = self._seat(request.session)
         try:
             if seat.engine is not None:  # runtimed restores a spilled seat only
                 raise WorkerError(Kind.INVALID_PARAMETER, parameter="session")
-            engine = self._new_context(seat, str(args.get("lora") or ""))
+            engine = self._new_context(seat, request.lora or "")
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -569,7 +551,7 @@ class Host:
         except (EngineError, OSError, ValueError) as error:
             # The state is lost (a spill file removed or damaged): the
             # session goes on cold, and runtimed says so (NoPrefix).
-            logger.warning("session %s restored cold: %s", sessions_mod.tag(args["session"]), error)
+            logger.warning("session %s restored cold: %s", sessions_mod.tag(request.session), error)
             engine.prefill(0, [])
             cold = True
         except BaseException:
@@ -581,8 +563,8 @@ class Host:
         seat.engine = engine
         return {"cold": cold, "resident": len(engine.resident())}
 
-    def close_session(self, args: dict[str, Any]) -> dict[str, Any]:
-        session = str(args["session"])
+    def close_session(self, request: protocol.Close) -> dict[str, Any]:
+        session = request.session
         with self._lock:
             seat = self.seats.pop(session, None)
         if seat is None:

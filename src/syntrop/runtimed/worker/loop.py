@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from syntrop.runtimed import protocol
 
 if TYPE_CHECKING:
+    from syntrop.runtimed.worker.host import Host
     from syntrop.runtimed.worker.voice import Voice
 
 logger = logging.getLogger("syntrop.runtimed.worker")
@@ -134,7 +135,7 @@ def main() -> None:
 class Loop:
     """Requests in, replies out; one thread per request."""
 
-    def __init__(self, endpoint: Any, host: Any, choice: Any) -> None:
+    def __init__(self, endpoint: Any, host: "Host", choice: Any) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.endpoint = endpoint
@@ -160,7 +161,14 @@ class Loop:
             if received is None:
                 return
             wire, fds = received
-            message = protocol.decode(wire)
+            try:
+                message = protocol.decode(wire)
+            except (ValueError, TypeError, KeyError) as error:  # no operation this worker knows
+                for fd in fds:
+                    os.close(fd)
+                self.send(protocol.Failed(int(wire.get("id", 0)), None,
+                                          message=f"not a request: {error!r}"))
+                continue
             if isinstance(message, protocol.Cancel):
                 with self._lock:
                     stop = self.running.get(message.id)
@@ -174,20 +182,20 @@ class Loop:
             stop = threading.Event()
             with self._lock:
                 self.running[message.id] = stop
-            self._pool.submit(self.handle, message.id, message.op, message.args, fds, stop,
-                              time.monotonic())
+            self._pool.submit(self.handle, message, fds, stop, time.monotonic())
 
-    def handle(self, rid: int, op: str, args: dict[str, Any], fds: list[int],
+    def handle(self, request: protocol.Request, fds: list[int],
                stop: threading.Event, received: float) -> None:
+        rid = request.id
         sink = WireSink(self.send, rid, stop, received)
         try:
-            result, out = self.dispatch(op, args, fds, sink)
+            result, out = self.dispatch(request.operation, fds, sink)
         except Exception as error:
             declared = worker_error(error)
             if declared is not None:
                 self.send(protocol.Failed(rid, declared.kind, declared.parameters))
             else:
-                logger.exception("%s failed", op)
+                logger.exception("%s failed", request.op)
                 self.send(protocol.Failed(rid, None,
                                           message=f"{type(error).__name__}: {error}"))
         else:
@@ -200,88 +208,84 @@ class Loop:
             with self._lock:
                 self.running.pop(rid, None)
 
-    def dispatch(self, op: str, args: dict[str, Any], fds: list[int],
+    def dispatch(self, operation: protocol.Operation, fds: list[int],
                  sink: WireSink) -> tuple[dict[str, Any], list[int]]:
-        if op in ("speak", "load") or self.voice is not None:
-            spoken = self._voice(op, args, fds, sink)
+        if isinstance(operation, protocol.Speak | protocol.Load) or self.voice is not None:
+            spoken = self._voice(operation, fds, sink)
             if spoken is not None:
                 return spoken, []
-        return self._engine(op, args, fds, sink)
-
-    def _engine(self, op: str, args: dict[str, Any], fds: list[int],
-                sink: WireSink) -> tuple[dict[str, Any], list[int]]:
-        host = self.host
-        if op == "hello":
-            import llama_cpp
-
-            for fd in fds:
-                os.close(fd)
-            return {"pid": os.getpid(), "engine": self.choice.describe(),
-                    "system_info": llama_cpp.llama_print_system_info().decode(
-                        errors="replace").strip()}, []
-        if op in ("load", "draft"):
-            if len(fds) != 1:
-                raise ValueError(f"{op}: one descriptor expected")
-            if op == "draft":
-                return host.load_draft(str(args["name"]), fds[0]), []
-            placed = args.get("placement")
-            return host.load(str(args["name"]), fds[0],
-                             protocol.Placed.from_wire(placed) if placed else None), []
-        if op == "save":
-            result, out = host.save(args)
-            return result, out
-        if op == "open":
-            return host.open(args, fds), []
-        if op == "restore":
-            return host.restore(args, fds), []
-        if op == "generate":
-            return host.generate(args, sink, fds), []
-        if op == "export":
-            from syntrop.runtimed.worker import handoff
-            from syntrop.runtimed.worker.host import options_from
-
-            for fd in fds:
-                os.close(fd)
-            return handoff.export(host._pool(), options_from(args["options"]),
-                                  [(str(r), str(c)) for r, c in args["messages"]],
-                                  host.slots, sink.stop, host.pace, str(args["digest"]))
+        match operation:
+            case protocol.Load() | protocol.Draft() if len(fds) != 1:
+                raise ValueError(f"{type(operation).__name__}: one descriptor expected")
+            case protocol.Load(name=name, placement=placed):
+                return self.host.load(name, fds[0], placed), []
+            case protocol.Draft(name=name):
+                return self.host.load_draft(name, fds[0]), []
+            case protocol.Save():
+                result, out = self.host.save(operation)
+                return result, out
+            case protocol.Open():
+                return self.host.open(operation, fds), []
+            case protocol.Restore():
+                return self.host.restore(operation, fds), []
+            case protocol.Generate():
+                return self.host.generate(operation, sink, fds), []
         for fd in fds:
             os.close(fd)
-        handlers: dict[str, Callable[[], dict[str, Any]]] = {
-            "decode": lambda: host.decode(args, sink),
-            "embed": lambda: host.embed(args),
-            "prefix": lambda: host.prefix(args),
-            "suffix": lambda: host.suffix(args),
-            "close": lambda: host.close_session(args),
-            "trim": lambda: host.trim(),
-        }
-        if op not in handlers:
-            raise ValueError(f"unknown operation {op!r}")
-        return handlers[op](), []
+        if isinstance(operation, protocol.Export):
+            from syntrop.runtimed.worker import handoff
 
+            host = self.host
+            result, out = handoff.export(host._pool(), operation.options, operation.messages,
+                                         host.slots, sink.stop, host.pace, operation.digest)
+            return dict(result), out
+        return self._engine(operation, sink), []
 
-    def _voice(self, op: str, args: dict[str, Any], fds: list[int],
+    def _engine(self, operation: protocol.Operation, sink: WireSink) -> dict[str, Any]:
+        """The operations that take no descriptor."""
+        host = self.host
+        match operation:
+            case protocol.Hello():
+                import llama_cpp
+
+                return {"pid": os.getpid(), "engine": self.choice.describe(),
+                        "system_info": llama_cpp.llama_print_system_info().decode(
+                            errors="replace").strip()}
+            case protocol.Decode():
+                return host.decode(operation, sink)
+            case protocol.Embed():
+                return host.embed(operation)
+            case protocol.Prefix():
+                return host.prefix(operation)
+            case protocol.Suffix():
+                return host.suffix(operation)
+            case protocol.Close():
+                return host.close_session(operation)
+            case protocol.Trim():
+                return host.trim()
+        raise ValueError(f"not an operation of a model: {operation!r}")
+
+    def _voice(self, operation: protocol.Operation, fds: list[int],
                sink: WireSink) -> dict[str, Any] | None:
-        """The ops of a worker that hosts a voice (None: not a voice's op,
-        or a load of a GGUF model)."""
+        """The operations of a worker that hosts a voice (None: not a
+        voice's operation, or a load of a GGUF model)."""
         from syntrop.runtimed.worker import voice
 
-        name = str(args.get("name") or args.get("model") or "")
-        if op == "load":
+        if isinstance(operation, protocol.Load):
             if len(fds) != 1 or not voice.is_voice(fds[0]):
                 return None
-            self.voice = voice.Voice(name, fds[0], str(args.get("digest", "")))
+            self.voice = voice.Voice(operation.name, fds[0], operation.digest)
             return {"voice": True, "sample_rate": self.voice.rate}
         for fd in fds:
             os.close(fd)
-        if op == "speak":
+        if isinstance(operation, protocol.Speak):
             if self.voice is None:
-                raise protocol.WorkerError(protocol.Kind.NOT_A_VOICE, model=name)
-            return self.voice.speak(args, sink)
-        if op == "trim":
+                raise protocol.WorkerError(protocol.Kind.NOT_A_VOICE, model=operation.model)
+            return self.voice.speak(operation, sink)
+        if isinstance(operation, protocol.Trim):
             return {"closed": 0}
         raise protocol.WorkerError(protocol.Kind.INVALID_MODEL,
-                                   model=self.voice.name if self.voice else name,
+                                   model=self.voice.name if self.voice else "",
                                    reason="a voice: only Speak runs it")
 
 

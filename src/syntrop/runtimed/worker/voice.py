@@ -22,7 +22,7 @@ import threading
 from typing import Any, Protocol
 
 from syntrop import modelfile
-from syntrop.runtimed.protocol import Kind, WorkerError
+from syntrop.runtimed.protocol import Kind, Speak, WorkerError
 from syntrop.runtimed.worker.speech import Packets
 
 logger = logging.getLogger(__name__)
@@ -85,16 +85,16 @@ class Voice:
             raise WorkerError(Kind.INVALID_PARAMETER, parameter="voice")
         return int(speakers[name])
 
-    def speak(self, args: dict[str, Any], sink: AudioSink) -> dict[str, Any]:
-        """Say `args["text"]`; each packet goes to `sink` as it is cut."""
+    def speak(self, request: Speak, sink: AudioSink) -> dict[str, Any]:
+        """Say `request.text`; each packet goes to `sink` as it is cut."""
         from piper import SynthesisConfig
 
-        speed = float(args.get("speed") or 1.0)
-        config = SynthesisConfig(speaker_id=self._speaker(args.get("voice")),
+        speed = request.speed or 1.0
+        config = SynthesisConfig(speaker_id=self._speaker(request.voice),
                                  length_scale=1.0 / speed)
         packets = Packets(self.rate)
         sentence = 0
-        for sentence, chunk in enumerate(self.voice.synthesize(str(args["text"]), config)):
+        for sentence, chunk in enumerate(self.voice.synthesize(request.text, config)):
             for packet in packets.feed(chunk.audio_int16_bytes):
                 if sink.stop.is_set():
                     return {"reason": "cancelled", "total_samples": packets.sent}
