@@ -73,11 +73,14 @@ def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:
     return found
 
 
-def test_list_tools_describes_the_six_tools(served: tuple[Activated, Path]) -> None:
+def test_list_tools_describes_the_seven_tools(served: tuple[Activated, Path]) -> None:
     daemon, _ = served
     tools = {t["name"]: t for t in call(daemon, "ListTools")["tools"]}
     assert set(tools) == {"daemon_reload", "unit_restart", "revert_dropin", "clear_cache",
-                          "revert_config", "free_space"}
+                          "revert_config", "free_space", "downgrade_package"}
+    assert [p["name"] for p in tools["downgrade_package"]["parameters"]] == [
+        "unit", "package", "health_window_sec"]
+    assert tools["downgrade_package"]["risk"] == "remediation"
     assert tools["free_space"]["reversible"] is False
     assert [p["name"] for p in tools["free_space"]["parameters"]] == ["unit", "path"]
     assert tools["revert_dropin"]["reversible"] is True
@@ -111,6 +114,16 @@ BAD_INPUT = [
      {"tool": "free_space", "parameter": "path", "reason": "must be an absolute path"}),
     ("free_space", {"unit": "a.service"}, f"{NAME}.InvalidArgument",
      {"tool": "free_space", "parameter": "path", "reason": "required"}),
+    ("downgrade_package", {"unit": "a.service", "package": "../x"}, f"{NAME}.InvalidArgument",
+     {"tool": "downgrade_package", "parameter": "package",
+      "reason": "does not match its pattern"}),
+    ("downgrade_package", {"unit": "a.service", "package": "pl-tool:amd64"},
+     f"{NAME}.InvalidArgument", {"tool": "downgrade_package", "parameter": "package",
+                                 "reason": "does not match its pattern"}),
+    ("downgrade_package", {"unit": "a.service"}, f"{NAME}.InvalidArgument",
+     {"tool": "downgrade_package", "parameter": "package", "reason": "required"}),
+    ("downgrade_package", {"unit": "dbus.service", "package": "dbus"},
+     f"{NAME}.UnitNotAllowed", {"unit": "dbus.service"}),
     ("unit_restart", {"unit": "toold.service"}, f"{NAME}.UnitNotAllowed",
      {"unit": "toold.service"}),
     ("unit_restart", {"unit": "a.socket"}, f"{NAME}.UnitNotAllowed", {"unit": "a.socket"}),
@@ -136,7 +149,7 @@ def test_bad_input_gets_a_declared_error_changes_nothing_and_is_audited(
             assert params == fields
         if got.endswith("InvalidArgument"):
             assert params["parameter"] in ("unit", "scope", "force", "timeout_sec", "path",
-                                           "parameters")
+                                           "package", "parameters")
         record = call(daemon, "GetAudit", limit=1)["records"][-1]
         assert record["tool"] == tool and record["error"] == error
         assert (record["decision"], record["outcome"]) == ("refused", "not_run")
@@ -278,7 +291,7 @@ def test_an_unauthorized_uid_is_refused_and_audited(served: tuple[Activated, Pat
     assert reply.get("error") == "io.syntrop.Tool1.NotAuthorized", reply
     listed = raw_call_as(65534, daemon.socket, {"method": f"{NAME}.ListTools",
                                                 "parameters": {}})
-    assert len(listed["parameters"]["tools"]) == 6
+    assert len(listed["parameters"]["tools"]) == 7
     record = call(daemon, "GetAudit", limit=1)["records"][-1]
     assert (record["uid"], record["decision"], record["error"]) == (
         65534, "denied", "io.syntrop.Tool1.NotAuthorized")

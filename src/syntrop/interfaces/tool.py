@@ -43,7 +43,7 @@ class ToolInfo:
 
     Fields:
         name: daemon_reload, unit_restart, revert_dropin, revert_config,
-            clear_cache or free_space.
+            clear_cache, free_space or downgrade_package.
         description: What it does.
         risk: safe, remediation or maintenance.
         reversible: Whether it snapshots and can roll back.

@@ -226,6 +226,37 @@ class Systemd:
         finally:
             slot.close()
 
+    async def start_transient(self, name: str, argv: list[str], *, description: str,
+                              timeout: float = 90) -> JobResult:
+        """Manager.StartTransientUnit: a oneshot service `name` running
+        `argv` (argv[0] an absolute path; no shell), collected when it ends
+        however it ended; waits for its start job, which ends when the
+        program does: `done` when it exited 0, `failed` otherwise,
+        timeout_waiting when no JobRemoved came within `timeout` seconds."""
+        properties = [
+            ("Description", ("s", description)),
+            ("Type", ("s", "oneshot")),
+            ("CollectMode", ("s", "inactive-or-failed")),
+            ("ExecStart", ("a(sasb)", [(argv[0], argv, False)])),
+        ]
+        await self.subscribe()
+        removed: asyncio.Queue[tuple[int, str, str, str]] = asyncio.Queue()
+        slot = await self._match_job_removed(removed)
+        try:
+            job = str(await self._call(PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+                                       name, "fail", properties, []))
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                try:
+                    _, path, unit, result = await asyncio.wait_for(removed.get(), max(left, 0))
+                except TimeoutError:
+                    return JobResult(job=job, unit=name, result="timeout_waiting")
+                if path == job:
+                    return JobResult(job=job, unit=unit, result=result)
+        finally:
+            slot.close()
+
     async def _match_job_removed(self, queue: asyncio.Queue[tuple[int, str, str, str]]) -> Any:
         def put(message: Any) -> None:
             contents = message.get_contents()

@@ -26,6 +26,10 @@
     journal_dirs = ["/var/log/journal", "/run/log/journal"]
     journal_keep_mib = 64           # the journal is vacuumed to this size
 
+    [downgrade_package]             # where downgrade_package finds versions
+    archives = "/var/cache/apt/archives"  # the local package cache (.debs)
+    status = "/var/lib/dpkg/status"       # dpkg's record of what is installed
+
     [timeouts]
     job_sec = 60                    # wait this long for a job's JobRemoved
     health_window_sec = 3           # watch a unit this long after a revert
@@ -77,6 +81,8 @@ class Config:
     health_window: float = 3.0
     journal_dirs: tuple[Path, ...] = (Path("/var/log/journal"), Path("/run/log/journal"))
     journal_keep: int = 64 << 20
+    archives: Path = Path("/var/cache/apt/archives")
+    dpkg_status: Path = Path("/var/lib/dpkg/status")
 
 
 def _patterns(data: dict[str, Any], key: str, default: tuple[str, ...], where: str
@@ -110,8 +116,9 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
     sandbox = data.get("sandbox", {})
     timeouts = data.get("timeouts", {})
     free = data.get("free_space", {})
+    downgrade = data.get("downgrade_package", {})
     for name, table in (("rate", rate), ("sandbox", sandbox), ("timeouts", timeouts),
-                        ("free_space", free)):
+                        ("free_space", free), ("downgrade_package", downgrade)):
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{name}] must be a table")
     bwrap = sandbox.get("bwrap", "/usr/bin/bwrap")
@@ -150,6 +157,10 @@ def parse(data: dict[str, Any], where: str = "toold.toml") -> Config:
         health_window=number(timeouts, "health_window_sec", 3, where),
         journal_dirs=tuple(_path(d, "free_space.journal_dirs", where) for d in journal_dirs),
         journal_keep=integer(free, "journal_keep_mib", 64, where, minimum=1) << 20,
+        archives=_path(downgrade.get("archives", "/var/cache/apt/archives"),
+                       "downgrade_package.archives", where),
+        dpkg_status=_path(downgrade.get("status", "/var/lib/dpkg/status"),
+                          "downgrade_package.status", where),
     )
 
 
