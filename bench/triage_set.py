@@ -21,7 +21,9 @@ incidents to either half, keeping it balanced by kind; never move one.
 
 Labels are what a careful admin would run among today's tools
 (daemon_reload, unit_restart, revert_dropin, clear_cache, revert_config,
-free_space where statvfs found the filesystem full), or nothing. No tool
+free_space where statvfs found the filesystem full, downgrade_package
+where an upgrade of the package owning the program came before the start
+that failed), or nothing. No tool
 reverts a unit file, creates an account or repairs a state directory yet:
 there a restart only repeats the failure, and nothing is right.
 
@@ -38,10 +40,11 @@ S = 1_000_000
 #: The failure's time (realtime microseconds); the set's times are relative to it.
 FAILURE = 1_800_000_000 * S
 TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config",
-         "free_space")
+         "free_space", "downgrade_package")
 
 REVERT = ("revert_dropin",)
 REVERT_CONFIG = ("revert_config",)
+DOWNGRADE = ("downgrade_package",)
 CLEAR = ("clear_cache", "unit_restart")
 FREE = ("free_space", "unit_restart")
 RELOAD = ("daemon_reload", "unit_restart")
@@ -255,6 +258,20 @@ def _disk_full(unit: str, line: str, ran: float = 86400, full: str | None = None
                     right=FREE if full else NOTHING)
 
 
+def _upgraded(unit: str, package: str, program: str, line: str, seconds: float = -30
+              ) -> Incident:
+    """An upgrade of the package that owns the unit's program (dpkg's file
+    list says so) broke it: the restart after it fails. The version before
+    it is in the package cache: downgrading is right."""
+    change = Change(kind="package", timestamp_usec=_at(seconds), action="upgrade",
+                    package=package, summary=f"upgrade {package} (dpkg)")
+    return Incident(name=f"package upgraded ({package}, {unit})", unit=unit,
+                    trigger="state_failed", changes=(change,), journal=(line,),
+                    facts=_restarted(unit, exec_paths=(program,),
+                                     program_packages=((package, program),)),
+                    right=DOWNGRADE)
+
+
 def _oom(unit: str, line: str, ran: float = 7200) -> Incident:
     """The kernel killed it for memory after a long run: one restart (the
     pressure may have passed), then a human."""
@@ -414,6 +431,9 @@ TUNING: tuple[Incident, ...] = (
     # Added with free_space.
     _disk_full("render.service", "render: cannot create /var/cache/render/tile-88.png: "
                "No space left on device", full="/var/cache/render/tile-88.png"),
+    # Added with downgrade_package.
+    _upgraded("gateway.service", "gatewayd", "/usr/sbin/gatewayd",
+              "gatewayd: unknown directive 'listen-compat' in /etc/gatewayd/gw.conf line 4"),
 )
 
 #: The held-out half: never shown to whoever tunes the prompt.
@@ -497,6 +517,11 @@ HELD_OUT: tuple[Incident, ...] = tuple(replace(incident, held_out=True) for inci
     _loop("kiosk.service", "kiosk: cannot open display :0", attempts=3, status=2),
     _dependency("reports.service", "postgresql.service"),
     _dependency("frontend.service", "backend.service", healed=True),
+    _upgraded("mta.service", "mta-lite", "/usr/sbin/mta-lite",
+              "mta-lite: fatal: unsupported option -q", seconds=-240),
+    _upgraded("imgproc.service", "vips-worker", "/usr/bin/vips-worker",
+              "vips-worker: symbol lookup error: /usr/bin/vips-worker: undefined symbol: "
+              "vips_image_new_v2", seconds=-8),
 ))
 
 INCIDENTS: tuple[Incident, ...] = TUNING + HELD_OUT

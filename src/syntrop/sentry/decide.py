@@ -69,6 +69,7 @@ SYSTEMD_LINES = re.compile(
 NAMES: dict[tuple[str, ...], str] = {
     ("revert_dropin",): "undo",
     ("revert_config",): "revert",
+    ("downgrade_package",): "downgrade",
     ("clear_cache", "unit_restart"): "clear",
     ("free_space", "unit_restart"): "free",
     ("daemon_reload", "unit_restart"): "reload",
@@ -85,6 +86,8 @@ SYSTEM = ("You are systemd-sentry. A systemd unit failed. You get the lines its 
           "missing program is the one it points at, its name in the drop-in's name);\n"
           "revert: put back a config file edited just before the failure (the journal "
           "names an error in it or its setting);\n"
+          "downgrade: a package that owns the program was upgraded just before the failure: "
+          "put its previous version back;\n"
           "clear: the journal names a corrupt file in the cache: clear it, then restart;\n"
           "reload: systemd runs an old definition: reload, then restart;\n"
           "free: a filesystem the journal writes to is full: free the unit's cache and the "
@@ -239,6 +242,11 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
     _example("logs.service", ["main process exited with status 1"],
              ["logs: write /var/log/logs/app.log: No space left on device"],
              ["restart", "nothing"], "nothing"),
+    _example("relay.service", ["main process exited with status 1",
+                               "package relayd upgraded (it owns /usr/sbin/relayd) 20 s before "
+                               "the failure"],
+             ["relayd: unknown option --listen-compat"], ["downgrade", "restart", "nothing"],
+             "downgrade"),
     _example("spool.service", ["main process exited with status 1",
                                "no space left on /var/cache/spool/q.tmp"],
              ["spool: cannot write /var/cache/spool/q.tmp: No space left on device"],

@@ -17,6 +17,10 @@ failure:
   systemd's `dependency` job result says the unit never got to run;
 - a config file edited by hand is put back (revert_config) where toold
   offers it, else it is a human's (one restart);
+- a package upgraded before the start that failed, which owns the unit's
+  program (dpkg's file lists, read by phases.py), is put back to its
+  previous version (downgrade_package) where toold offers it, else it is
+  a human's (one restart);
 - a cause beats its symptom: a linked drop-in or unit file that names the
   program found missing is the cause, not the missing program;
 - when nothing is linked, the cause is what systemd and the journal say (a
@@ -63,6 +67,7 @@ STALE_CACHE = "stale_cache"
 STALE_STATE = "stale_state"
 CONFIG_REPLACED = "config_replaced"
 CONFIG_EDITED = "config_edited"
+PACKAGE_UPGRADED = "package_upgraded"
 UNIT_FILE = "unit_file_changed"
 CRASH_LOOP = "crash_loop"
 RESOURCE = "resource_error"
@@ -102,6 +107,8 @@ PRECEDENCE: tuple[tuple[str, bool], ...] = (
     (DISK_FULL, False),
     (OOM_KILLED, False),
     (STALE_STATE, False),
+    # Fixable where toold offers downgrade_package (candidates, plan).
+    (PACKAGE_UPGRADED, False),
     (CONFIG_REPLACED, False),
     (CONFIG_EDITED, False),
     (UNIT_FILE, False),
@@ -165,6 +172,9 @@ class UnitFacts:
     n_restarts: int = 0
     #: Filesystems (a path the journal names) found full when triage began.
     full_paths: tuple[str, ...] = ()
+    #: (package, program): packages whose dpkg file list holds one of
+    #: `exec_paths`, read when triage began (only those contextd saw change).
+    program_packages: tuple[tuple[str, str], ...] = ()
     #: When the latest run known to have lasted RAN_WELL_USEC began (0:
     #: none). systemd shows only the current run; sentry remembers the one
     #: before its own restart, which a failure of that restart must not
@@ -199,6 +209,7 @@ class Finding:
             STALE_STATE: f"the journal names the state directory {self.subject}",
             CONFIG_REPLACED: f"config {self.subject} replaced by package {self.package}",
             CONFIG_EDITED: f"config {self.subject} edited",
+            PACKAGE_UPGRADED: f"package {self.package} upgraded (it owns {self.subject})",
             UNIT_FILE: f"unit file {self.subject} changed",
             CRASH_LOOP: "it keeps failing with nothing changed",
             RESOURCE: f"the journal says {self.subject!r}",
@@ -371,7 +382,7 @@ def _exit(facts: UnitFacts) -> list[Finding]:
 
 
 #: Findings of a change: the kinds a journal line may outweigh.
-CHANGES = (DROPIN, UNIT_FILE, CONFIG_REPLACED, CONFIG_EDITED)
+CHANGES = (DROPIN, UNIT_FILE, CONFIG_REPLACED, CONFIG_EDITED, PACKAGE_UPGRADED)
 
 
 def _causes_over_symptoms(found: list[Finding], facts: UnitFacts,
@@ -436,6 +447,29 @@ def _outweighed(finding: Finding, failure_usec: int) -> Finding:
                    evidence=(*finding.evidence, "the journal names another cause"))
 
 
+def _upgraded(installed: Sequence[Change], facts: UnitFacts, failure_usec: int,
+              journal: Sequence[str]) -> list[Finding]:
+    """The upgrades of a package that owns the unit's program: its newest
+    upgrade each, linked as a unit file is (the program is read when the
+    unit starts: the start that failed began after it)."""
+    owns = dict(facts.program_packages)
+    newest: dict[str, Change] = {}
+    for change in installed:
+        if change.action == "upgrade" and change.package in owns and (
+                change.package not in newest
+                or change.timestamp_usec > newest[change.package].timestamp_usec):
+            newest[change.package] = change
+    found = []
+    for package, change in sorted(newest.items(), key=lambda item: -item[1].timestamp_usec):
+        linked, why = _linked_change(change.timestamp_usec, facts, failure_usec, journal, None,
+                                     read_at_run_time=False)
+        found.append(Finding(kind=PACKAGE_UPGRADED, subject=owns[package], package=package,
+                             at_usec=change.timestamp_usec, linked=linked,
+                             evidence=(*why, f"{package} owns {owns[package]}",
+                                       *([change.summary] if change.summary else []))))
+    return found
+
+
 def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[str],
          facts: UnitFacts, failure_usec: int, *, attempts: int = 0) -> list[Finding]:
     """The findings of a failure; `attempts` counts sentry's earlier
@@ -481,6 +515,7 @@ def find(unit: str, trigger: str, changes: Iterable[Change], journal: Sequence[s
                                          change.path, read_at_run_time=False)
             found.append(Finding(kind=UNIT_FILE, subject=change.path,
                                  at_usec=change.timestamp_usec, linked=linked, evidence=why))
+    found += _upgraded(installed, facts, failure_usec, journal)
     for kind, directories in ((STALE_CACHE, facts.cache_dirs), (STALE_STATE, facts.state_dirs)):
         for directory in directories:
             named = [line for line in journal if directory.rstrip("/") + "/" in line
@@ -551,6 +586,11 @@ def plan(cause: Cause, unit: str, tools: Iterable[str], facts: UnitFacts,
         return Plan(steps=(Step(tool="revert_config",
                                 parameters={"unit": unit, "path": cause.subject}),),
                     reason=f"put back the config file edited before it ({cause.subject})")
+    if cause.kind == PACKAGE_UPGRADED and cause.package and "downgrade_package" in have:
+        return Plan(steps=(Step(tool="downgrade_package",
+                                parameters={"unit": unit, "package": cause.package}),),
+                    reason=f"put {cause.package} back to its previous version: its upgrade "
+                           f"before the failure changed {cause.subject}")
     if cause.kind == DISK_FULL and cause.subject and "free_space" in have:
         return Plan(steps=steps(Step(tool="free_space",
                                      parameters={"unit": unit, "path": cause.subject}), restart),
@@ -598,10 +638,13 @@ def candidates(found: Sequence[Finding], rules: Plan, cause: Cause, unit: str,
         fixable.add(CONFIG_EDITED)  # an edit toold can put back
     if "free_space" in have:
         fixable.add(DISK_FULL)  # a full filesystem toold may make room on
+    if "downgrade_package" in have:
+        fixable.add(PACKAGE_UPGRADED)  # an upgrade toold can put back
     for finding in found:
         if finding.linked and finding.kind in fixable and finding.kind != cause.kind:
             offer(plan(Cause(kind=finding.kind, fixable=True, subject=finding.subject,
-                             summary=finding.line(failure_usec)), unit, tools, facts))
+                             package=finding.package, summary=finding.line(failure_usec)),
+                       unit, tools, facts))
     if not rules.steps:
         # The rules know a restart cannot help: the program is missing, or
         # a cause out of the tools' reach already had its one restart.

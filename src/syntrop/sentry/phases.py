@@ -66,6 +66,50 @@ def full_filesystems(paths: list[str]) -> tuple[str, ...]:
     return tuple(full.values())
 
 
+#: dpkg's file lists: PACKAGE.list (or PACKAGE:ARCH.list), a path a line.
+DPKG_INFO = "/var/lib/dpkg/info"
+
+
+def _spellings(program: str) -> set[str]:
+    """The paths a package's file list may give `program` as: itself, its
+    target, and its other half across a merged /usr (/bin and /usr/bin)."""
+    names = {program, os.path.realpath(program)}
+    for name in list(names):
+        if name.startswith(("/bin/", "/sbin/", "/lib/")):
+            names.add("/usr" + name)
+        elif name.startswith(("/usr/bin/", "/usr/sbin/", "/usr/lib/")):
+            names.add(name[len("/usr"):])
+    return names
+
+
+def program_packages(programs: tuple[str, ...], packages: list[str],
+                     info: str = DPKG_INFO) -> tuple[tuple[str, str], ...]:
+    """(package, program) for each of `packages` whose dpkg file list holds
+    one of `programs` (read offline; a package without a list owns
+    nothing)."""
+    wanted = {spelling: program for program in programs for spelling in _spellings(program)}
+    owners: list[tuple[str, str]] = []
+    if not wanted:
+        return ()
+    try:
+        listed = [name for name in os.listdir(info) if name.endswith(".list")]
+    except OSError:
+        return ()
+    for package in packages[:32]:
+        for name in (n for n in listed
+                     if n == f"{package}.list" or n.startswith(f"{package}:")):
+            try:
+                with open(os.path.join(info, name), encoding="utf-8", errors="replace") as file:
+                    held = next((wanted[line.rstrip("\n")] for line in file
+                                 if line.rstrip("\n") in wanted), None)
+            except OSError:
+                continue
+            if held is not None:
+                owners.append((package, held))
+                break
+    return tuple(owners)
+
+
 def choose_model(configured: str | None, held: "list[str] | tuple[str, ...]") -> str | None:
     """The model to ask now: the configured one, else the best triage model
     modeld holds (`held`: its names), else None (the rules decide). A model
@@ -168,7 +212,13 @@ class Live:
         unit_facts = facts if isinstance(facts, UnitFacts) else None
         if unit_facts is not None:
             full = await asyncio.to_thread(full_filesystems, named_paths(journal))
-            unit_facts = dataclasses.replace(unit_facts, full_paths=full)
+            upgraded = sorted({c.package for c in changes
+                               if c.kind == "package" and c.package and not c.path
+                               and c.action == "upgrade"})
+            owners = await asyncio.to_thread(program_packages, unit_facts.exec_paths,
+                                             upgraded) if upgraded else ()
+            unit_facts = dataclasses.replace(unit_facts, full_paths=full,
+                                             program_packages=owners)
         return Facts(failure_usec=at, changes=changes, journal=journal, unread=unread,
                      unit=unit_facts,
                      tools=tuple(tools) if isinstance(tools, list) else KNOWN_TOOLS,

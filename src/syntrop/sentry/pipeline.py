@@ -40,7 +40,7 @@ MS = 1_000
 SECOND = 1_000_000
 #: The tools toold had in this release, for when ListTools cannot be asked.
 KNOWN_TOOLS = ("daemon_reload", "unit_restart", "revert_dropin", "clear_cache", "revert_config",
-               "free_space")
+               "free_space", "downgrade_package")
 #: Plans one incident tries before it gives up (try → verify → next).
 MAX_TRIES = 3
 

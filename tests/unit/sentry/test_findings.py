@@ -3,6 +3,7 @@ finding kind, and the link rule that keeps sentry from undoing a change
 the evidence does not tie to the failure."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -339,3 +340,69 @@ def test_a_full_filesystem_found_by_statvfs_is_freed_where_toold_offers_it() -> 
     found = f.find(UNIT, "state_failed", [], list(journal), RESTARTED, FAIL)
     cause = f.cause(found, FAIL)
     assert f.plan(cause, UNIT, with_tool, RESTARTED).steps == ()
+
+
+def test_an_upgrade_of_the_program_s_package_is_downgraded_where_toold_offers_it() -> None:
+    program = "/usr/bin/web"
+    facts = replace(RESTARTED, exec_paths=(program,), program_packages=(("web-server", program),))
+    upgrade = Change(kind="package", timestamp_usec=FAIL - 30 * S, action="upgrade",
+                     package="web-server", summary="upgrade web-server 1.0 -> 2.0")
+    other = Change(kind="package", timestamp_usec=FAIL - 20 * S, action="upgrade",
+                   package="libfoo", summary="upgrade libfoo")
+    journal = ["web: unsupported option --legacy"]
+    found = f.find(UNIT, "state_failed", [upgrade, other], journal, facts, FAIL)
+    cause = f.cause(found, FAIL)
+    assert (cause.kind, cause.package, cause.subject) == (f.PACKAGE_UPGRADED, "web-server",
+                                                          program)
+    assert "the start that failed began after it" in cause.evidence
+    with_tool = (*TOOLS, "downgrade_package")
+    plan = f.plan(cause, UNIT, with_tool, facts)
+    assert [s.wire() for s in plan.steps] == [
+        {"tool": "downgrade_package", "parameters": {"unit": UNIT, "package": "web-server"}}]
+    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, facts,
+                                               FAIL)] == ["downgrade_package", "unit_restart",
+                                                          "nothing"]
+    # Without the tool: one restart, then a human.
+    assert [s.tool for s in f.plan(cause, UNIT, TOOLS, facts).steps] == ["unit_restart"]
+    # The unit ran well since the upgrade: not linked.
+    ran_well = replace(facts, active_enter_usec=FAIL - 25 * S, inactive_exit_usec=FAIL - 25 * S)
+    found = f.find(UNIT, "state_failed", [upgrade], journal, ran_well, FAIL)
+    assert [(x.kind, x.linked) for x in found if x.kind == f.PACKAGE_UPGRADED] == [
+        (f.PACKAGE_UPGRADED, False)]
+    # A package that owns no program of the unit is no finding.
+    found = f.find(UNIT, "state_failed", [other], journal, facts, FAIL)
+    assert all(x.kind != f.PACKAGE_UPGRADED for x in found)
+
+
+def test_a_linked_upgrade_is_offered_beside_another_cause() -> None:
+    program = "/usr/bin/web"
+    facts = replace(RESTARTED, exec_paths=(program,), program_packages=(("web-server", program),),
+                    cache_dirs=("/var/cache/web",))
+    upgrade = Change(kind="package", timestamp_usec=FAIL - 30 * S, action="upgrade",
+                     package="web-server")
+    journal = ["web: corrupt index /var/cache/web/index.db"]
+    found = f.find(UNIT, "state_failed", [upgrade], journal, facts, FAIL)
+    cause = f.cause(found, FAIL)
+    with_tool = (*TOOLS, "downgrade_package")
+    plan = f.plan(cause, UNIT, with_tool, facts)
+    assert cause.kind == f.STALE_CACHE
+    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, facts,
+                                               FAIL)] == [
+        "clear_cache → unit_restart", "downgrade_package", "unit_restart", "nothing"]
+
+
+def test_dpkg_s_file_lists_say_which_changed_package_owns_the_program(tmp_path: Path) -> None:
+    from syntrop.sentry import phases
+
+    (tmp_path / "web-server.list").write_text("/.\n/usr\n/usr/bin\n/usr/bin/web\n")
+    (tmp_path / "libfoo:amd64.list").write_text("/usr/lib/libfoo.so.1\n")
+    (tmp_path / "web-tools:amd64.list").write_text("/usr/sbin/webctl\n")
+    (tmp_path / "web-server.md5sums").write_text("/usr/bin/other\n")
+    found = phases.program_packages(("/usr/bin/web", "/sbin/webctl"),
+                                    ["web-server", "libfoo", "web-tools", "absent"],
+                                    str(tmp_path))
+    # /sbin/webctl is /usr/sbin/webctl across a merged /usr.
+    assert found == (("web-server", "/usr/bin/web"), ("web-tools", "/sbin/webctl"))
+    assert phases.program_packages((), ["web-server"], str(tmp_path)) == ()
+    assert phases.program_packages(("/usr/bin/web",), ["web-server"],
+                                   str(tmp_path / "none")) == ()

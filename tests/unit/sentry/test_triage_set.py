@@ -16,7 +16,7 @@ KINDS = {findings.DEPENDENCY, findings.EXEC_MISSING, findings.STALE_DEFINITION,
          findings.CONFIG_REPLACED, findings.CONFIG_EDITED, findings.UNIT_FILE,
          findings.CRASH_LOOP, findings.RESOURCE, findings.TRANSIENT,
          findings.ACCOUNT_MISSING, findings.DISK_FULL, findings.OOM_KILLED,
-         findings.TRANSIENT_ERROR}
+         findings.TRANSIENT_ERROR, findings.PACKAGE_UPGRADED}
 
 
 @pytest.fixture(scope="module")
