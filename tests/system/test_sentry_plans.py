@@ -13,6 +13,8 @@ the host changed (checksums of /etc, /run/systemd/system, /var/cache and
   drop-in is left alone, and the dependent's lost start is retried;
 - a config file edited by hand: put back (revert_config);
 - a full filesystem the journal names: free_space → unit_restart;
+- an upgrade of the package owning the unit's program: downgrade_package
+  (the previous version from the package cache);
 - a missing program: named, no action, a human;
 - a unit that dies a second after each start: never recorded healed;
 - a benign drop-in the unit ran well with, then a crash: restarted, the
@@ -30,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import declared_error
 from tests.system.instance import Instance, wait_until
 
 SENTRY = "io.syntrop.Sentry1"
@@ -396,6 +399,111 @@ def test_a_full_filesystem_is_freed_then_restarted(sentry: Instance) -> None:
         sentry.systemctl("stop", unit, check=False)
         for mount in (spool, cache, disk):
             sentry.run(["umount", mount], check=False)
+
+
+def build_deb(instance: Instance, package: str, version: str, script: str) -> str:
+    """A tiny .deb of `package` holding /usr/bin/PACKAGE (`script`), built
+    inside the instance with dpkg-deb and put in the package cache; its
+    path there."""
+    root = f"/tmp/{package}-{version}"
+    instance.write(f"{root}/DEBIAN/control",
+                   f"Package: {package}\nVersion: {version}\nArchitecture: all\n"
+                   "Maintainer: syntrop tests <root@localhost>\n"
+                   "Description: a sentry plan scenario\n")
+    program(instance, f"{root}/usr/bin/{package}", script)
+    deb = f"/var/cache/apt/archives/{package}_{version}_all.deb"
+    instance.run(["mkdir", "-p", "/var/cache/apt/archives"])
+    instance.run(["dpkg-deb", "--root-owner-group", "--build", root, deb], timeout=60)
+    return deb
+
+
+def test_an_upgraded_package_is_downgraded_from_the_cache(sentry: Instance) -> None:
+    """pl-tool 1.0 runs; 2.0, installed by dpkg, refuses an option its
+    unit passes, so the restart after the upgrade fails. contextd read the
+    upgrade from dpkg's log, dpkg's file list says pl-tool owns the unit's
+    program: the rules plan toold's downgrade_package, which installs 1.0
+    from the package cache (dpkg run by PID 1 in a transient unit) and
+    restarts the unit; it heals, and dpkg says 1.0 after. Before
+    downgrade_package it got one restart, then a human."""
+    unit, package = "pl-pkg.service", "pl-tool"
+    old = build_deb(sentry, package, "1.0", "exec sleep infinity\n")
+    new = build_deb(sentry, package, "2.0",
+                    'echo "pl-tool: unsupported option --serve" >&2\nexit 1\n')
+    sentry.run(["dpkg", "--install", old], timeout=120)
+    install(sentry, unit, f"ExecStart=/usr/bin/{package} --serve\n")
+    try:
+        sentry.systemctl("start", unit)
+        sentry.wait_for_unit(unit, ActiveState="active")
+        time.sleep(1.5)  # dpkg's log has whole seconds: the upgrade comes after the start
+        sentry.run(["dpkg", "--install", new], timeout=120)
+        wait_until("contextd saw the upgrade", lambda: [
+            e for e in call(sentry, "ListEvents", interface=CONTEXT, kind="package",
+                            limit=100)["events"]
+            if e.get("package") == package and e.get("action") == "upgrade"], 30)
+        sentry.systemctl("restart", unit, check=False)
+        [incident] = incidents(sentry, unit, 1)
+        assert (incident["cause"]["kind"], incident["cause"].get("package")) == \
+            ("package_upgraded", package), json.dumps(
+                {k: incident.get(k) for k in ("cause", "findings", "phases", "plan")})
+        assert plan_of(incident) == [("downgrade_package", "succeeded")], incident
+        assert incident["result"] == "healed", incident
+        sentry.wait_for_unit(unit, ActiveState="active")
+        assert audited(sentry, unit) == ["downgrade_package"]
+        version = sentry.run(["dpkg-query", "-W", "-f", "${Version}", package]).stdout
+        assert version == "1.0"
+        record("a package upgrade", incident)
+    finally:
+        sentry.systemctl("stop", unit, check=False)
+        sentry.run(["dpkg", "--purge", package], check=False, timeout=120)
+        sentry.run(["rm", "-rf", old, new, f"/tmp/{package}-1.0", f"/tmp/{package}-2.0"],
+                   check=False)
+
+
+def test_a_downgrade_that_makes_the_unit_worse_is_rolled_back(sentry: Instance) -> None:
+    """toold alone (sentry ignores cmp-* units): pl-roll 2.0 runs, 1.0
+    fails, so downgrade_package puts 1.0 in, sees the unit worse and
+    installs 2.0 again from the cache (rolled_back). With 2.0's .deb gone
+    nothing can put it back: failed, saying so; with no older .deb at all,
+    NoPreviousVersion and nothing done."""
+    unit, package = "cmp-pkg-roll.service", "pl-roll"
+    old = build_deb(sentry, package, "1.0",
+                    'echo "pl-roll: 1.0 cannot read the 2.0 state" >&2\nexit 1\n')
+    new = build_deb(sentry, package, "2.0", "exec sleep infinity\n")
+    sentry.run(["dpkg", "--install", new], timeout=120)
+    install(sentry, unit, f"ExecStart=/usr/bin/{package}\n")
+
+    def execute() -> Any:
+        return call(sentry, "Execute", interface=TOOL, tool="downgrade_package",
+                    parameters={"unit": unit, "package": package}, dry_run=False)
+
+    def version() -> str:
+        return str(sentry.run(["dpkg-query", "-W", "-f", "${Version}", package]).stdout)
+
+    try:
+        sentry.systemctl("start", unit)
+        sentry.wait_for_unit(unit, ActiveState="active")
+        dry = call(sentry, "Execute", interface=TOOL, tool="downgrade_package",
+                   parameters={"unit": unit, "package": package}, dry_run=True)
+        assert dry["outcome"] == "not_run" and "install pl-roll 1.0" in dry["plan"][0], dry
+        result = execute()
+        assert (result["outcome"], result["rolled_back"]) == ("rolled_back", True), result
+        assert version() == "2.0"
+        sentry.wait_for_unit(unit, ActiveState="active")
+        sentry.run(["rm", "-f", new])
+        result = execute()
+        assert (result["outcome"], result["rolled_back"]) == ("failed", False), result
+        assert "is not in /var/cache/apt/archives" in result["message"], result
+        assert version() == "1.0"
+        sentry.run(["rm", "-f", old])
+        error, fields = declared_error(execute)
+        assert (error, fields) == (f"{TOOL}.NoPreviousVersion", {
+            "unit": unit, "reason": "no previous version in the package cache"})
+        assert version() == "1.0"
+    finally:
+        sentry.systemctl("stop", unit, check=False)
+        sentry.run(["dpkg", "--purge", package], check=False, timeout=120)
+        sentry.run(["rm", "-rf", old, new, f"/tmp/{package}-1.0", f"/tmp/{package}-2.0"],
+                   check=False)
 
 
 def config_edited(instance: Instance, unit: str, restart: str = "") -> str:
