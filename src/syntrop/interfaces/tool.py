@@ -266,8 +266,10 @@ class UnsafePath(TypedVarlinkErrorReply, interface=NAME):
 
 
 class NoPreviousVersion(TypedVarlinkErrorReply, interface=NAME):
-    """Neither contextd's history nor toold's own snapshots know a version of
-    the unit's drop-ins other than the current one. Nothing was changed.
+    """No earlier version is known to put back: neither contextd's history
+    nor toold's own snapshots know one of the unit's drop-ins or config
+    file, or (downgrade_package) the package cache holds no version of the
+    package lower than the installed one. Nothing was changed.
 
     Parameters:
         unit: The unit.

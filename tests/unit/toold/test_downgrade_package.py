@@ -38,8 +38,9 @@ def test_versions_order_as_debian_orders_them() -> None:
     assert compare("1.0", "1.0-0") == 0 and compare("01.0", "1.0") == 0
     assert compare("1:1.0", "2.0") == 1  # the epoch first
     assert split("2:1.0-3-4") == (2, "1.0-3", "4") and split("1.0") == (0, "1.0", "")
-    with pytest.raises(ValueError):
-        compare("abc", "1.0")
+    for bad in ("abc", "1.0-", "1:", "a:1.0", "1.0 beta", ""):
+        with pytest.raises(ValueError):
+            compare(bad, "1.0")
 
 
 @pytest.mark.skipif(shutil.which("dpkg") is None, reason="dpkg is not installed")

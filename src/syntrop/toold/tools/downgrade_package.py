@@ -69,6 +69,8 @@ def version_error(version: str) -> str | None:
         return "is not a Debian version"
     if ":" in match.group(2) and match.group(1) is None:
         return "has a ':' but no epoch"
+    if version.endswith("-"):
+        return "has an empty revision"
     return None
 
 
