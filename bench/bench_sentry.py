@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from syntrop.packaged import QWEN_CODER_05B
 from syntrop.sentry import findings
+from syntrop.sentry import plans as rules
 from syntrop.sentry.config import Config
 from syntrop.sentry.findings import Change, Plan, UnitFacts
 from syntrop.sentry.pipeline import Executed, Facts, Phases, Policy
@@ -180,9 +181,9 @@ async def live(rounds: int) -> dict[str, list[float]]:
     found = findings.find("bench.service", "manual", facts.changes, facts.journal,
                           UnitFacts(unit="bench.service"), facts.failure_usec)
     cause = findings.cause(found, facts.failure_usec)
-    rules_plan = findings.plan(cause, "bench.service", facts.tools,
+    rules_plan = rules.plan(cause, "bench.service", facts.tools,
                                UnitFacts(unit="bench.service"))
-    offered = findings.candidates(found, rules_plan, cause, "bench.service", facts.tools,
+    offered = rules.candidates(found, rules_plan, cause, "bench.service", facts.tools,
                                   UnitFacts(unit="bench.service"), facts.failure_usec)
     evidence = decide.Evidence(unit="bench.service", cause=cause.summary, journal=facts.journal,
                                findings=[f.line(facts.failure_usec) for f in found])
@@ -278,8 +279,8 @@ async def plans(rounds: int) -> list[tuple[str, str, int, int, list[float], floa
         facts = _shift_facts(facts, failure)
         found = findings.find("app.service", trigger, moved, list(journal), facts, failure)
         cause = findings.cause(found, failure)
-        rules_plan = findings.plan(cause, "app.service", tools, facts)
-        offered = findings.candidates(found, rules_plan, cause, "app.service", tools, facts,
+        rules_plan = rules.plan(cause, "app.service", tools, facts)
+        offered = rules.candidates(found, rules_plan, cause, "app.service", tools, facts,
                                       failure)
         lines = [f.line(failure) for f in found]
         agreed, times = 0, []

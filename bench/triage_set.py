@@ -6,7 +6,7 @@ Each incident is the input findings.py takes (the trigger, contextd's
 changes, the journal, systemd's facts) and the plan a careful admin would
 run, named by its tools. `build()` turns it into what sentry offers the
 model through the real rules: the findings' lines, the cause, the rules'
-plan and findings.candidates' offer. Most incidents have the rules right;
+plan and plans.candidates' offer. Most incidents have the rules right;
 some are the judgment the rules cannot make (a drop-in and a cache both
 linked, the journal naming only one; a program missing because a drop-in
 points at a new one).
@@ -32,7 +32,7 @@ there a restart only repeats the failure, and nothing is right.
 
 from dataclasses import dataclass, replace
 
-from syntrop.sentry import findings
+from syntrop.sentry import findings, plans
 from syntrop.sentry.decide import Evidence
 from syntrop.sentry.findings import Cause, Change, Finding, Plan, UnitFacts
 
@@ -534,9 +534,9 @@ def build(incident: Incident) -> Offer:
                           list(incident.journal), incident.facts, FAILURE,
                           attempts=incident.attempts)
     cause = findings.cause(found, FAILURE)
-    rules = findings.plan(cause, incident.unit, TOOLS, incident.facts,
+    rules = plans.plan(cause, incident.unit, TOOLS, incident.facts,
                           restarted=incident.restarted)
-    offered = findings.candidates(found, rules, cause, incident.unit, TOOLS, incident.facts,
+    offered = plans.candidates(found, rules, cause, incident.unit, TOOLS, incident.facts,
                                   FAILURE)
     evidence = Evidence(unit=incident.unit, findings=[f.line(FAILURE) for f in found],
                         cause=cause.summary, journal=list(incident.journal))

@@ -2,7 +2,7 @@
 a JSON schema, and the strict reading of the answer.
 
 The model sees what the rules see, in few words: the journal's own lines,
-the findings and the plans it may choose from (findings.candidates: every
+the findings and the plans it may choose from (plans.candidates: every
 plan that could apply), with the
 paths cut to their base names and the words of findings.py shortened
 (SHORT). Left out, as they repeat what is there: the rules' cause (one of
@@ -162,7 +162,7 @@ def _base_name(plan: Plan) -> str:
 def named(offered: list[Plan]) -> list[tuple[str, Plan]]:
     """The offered plans by name, in the fixed order of NAMES (then by
     name): the same list whatever the order of the offer. Two plans of the
-    same tools (not offered by findings.candidates) get a number."""
+    same tools (not offered by plans.candidates) get a number."""
     order = list(NAMES.values())
     listed = sorted(offered, key=lambda p: (order.index(_base_name(p))
                                             if _base_name(p) in order else len(order),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from syntrop.sentry import findings as rules
+from syntrop.sentry import plans
 from syntrop.sentry.findings import Cause, Change, Finding, Plan, UnitFacts
 
 logger = logging.getLogger(__name__)
@@ -402,13 +403,13 @@ async def triage(unit: str, trigger: str, *, phases: Phases, budgets: Budgets, c
     if facts.unread and cause.kind == rules.TRANSIENT:
         cause = replace(cause, summary=f"{cause.summary}, but not everything was read",
                         evidence=(*cause.evidence, *(f"not read: {u}" for u in facts.unread)))
-    plan = rules.plan(cause, unit, facts.tools, unit_facts, restarted=policy.attempts > 0)
+    plan = plans.plan(cause, unit, facts.tools, unit_facts, restarted=policy.attempts > 0)
     lines = [f.line(facts.failure_usec) for f in found]
 
     got_lease, lease_id = await run.phase("lease", budgets.lease_usec,
                                           lambda: phases.lease(unit))
     decided_by = "rules"
-    offered = rules.candidates(found, plan, cause, unit, facts.tools, unit_facts,
+    offered = plans.candidates(found, plan, cause, unit, facts.tools, unit_facts,
                                facts.failure_usec)
     offered, plan, exhausted = _untried(offered, plan, policy.tried)
     if got_lease and len(offered) > 1:

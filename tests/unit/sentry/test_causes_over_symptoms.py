@@ -6,6 +6,7 @@ alone."""
 from dataclasses import replace
 
 from syntrop.sentry import findings as f
+from syntrop.sentry import plans
 from syntrop.sentry.findings import Change, UnitFacts
 
 S = 1_000_000
@@ -31,7 +32,7 @@ def decide(changes: list[Change], facts: UnitFacts, *, journal: tuple[str, ...] 
            attempts: int = 0) -> tuple[list[f.Finding], f.Cause, f.Plan]:
     found = f.find(UNIT, "job_failed", changes, list(journal), facts, FAIL, attempts=attempts)
     cause = f.cause(found, FAIL)
-    return found, cause, f.plan(cause, UNIT, TOOLS, facts, restarted=attempts > 0)
+    return found, cause, plans.plan(cause, UNIT, TOOLS, facts, restarted=attempts > 0)
 
 
 def test_a_dropin_naming_a_missing_program_is_the_cause_and_reverted() -> None:

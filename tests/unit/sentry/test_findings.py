@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from syntrop.sentry import findings as f
+from syntrop.sentry import plans
 from syntrop.sentry.findings import Change, UnitFacts
 
 S = 1_000_000
@@ -27,7 +28,7 @@ def decide(changes: list[Change], facts: UnitFacts, *, trigger: str = "job_faile
            ) -> tuple[list[f.Finding], f.Cause, f.Plan]:
     found = f.find(UNIT, trigger, changes, list(journal), facts, FAIL, attempts=attempts)
     cause = f.cause(found, FAIL)
-    return found, cause, f.plan(cause, UNIT, TOOLS, facts, restarted=attempts > 0)
+    return found, cause, plans.plan(cause, UNIT, TOOLS, facts, restarted=attempts > 0)
 
 
 def tools(plan: f.Plan) -> list[str]:
@@ -183,7 +184,7 @@ def test_a_missing_program_is_left_to_a_human_at_once() -> None:
     _, cause, plan = decide([], facts)
     assert (cause.kind, cause.subject) == (f.EXEC_MISSING, "/usr/bin/web")
     assert plan.steps == ()
-    assert [p.describe() for p in f.candidates([], plan, cause, UNIT, TOOLS, facts, FAIL)] == \
+    assert [p.describe() for p in plans.candidates([], plan, cause, UNIT, TOOLS, facts, FAIL)] == \
         ["nothing"]
 
 
@@ -196,7 +197,7 @@ def test_a_crash_loop_without_a_change_is_not_restarted_again() -> None:
 
 def test_a_plan_needs_its_tools() -> None:
     cause = f.Cause(kind=f.STALE_CACHE, fixable=True, summary="", subject="/var/cache/web")
-    assert f.plan(cause, UNIT, ("unit_restart",), RESTARTED).steps == ()
+    assert plans.plan(cause, UNIT, ("unit_restart",), RESTARTED).steps == ()
 
 
 @pytest.mark.parametrize(("ran_s", "hold_s"), [(1.05, 5), (4, 9), (30, 12), (0, 5)])
@@ -211,7 +212,8 @@ def test_the_model_chooses_among_safe_plans_only() -> None:
 
     def offered(found: list[f.Finding], cause: f.Cause, plan: f.Plan,
                 facts: UnitFacts = RESTARTED) -> list[str]:
-        return [p.describe() for p in f.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
+        return [p.describe()
+                for p in plans.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
 
     # A fixable cause: its plan first, a restart (which may be wrong: then
     # the pipeline tries the next), or nothing.
@@ -241,7 +243,7 @@ def test_the_model_chooses_among_safe_plans_only() -> None:
 
 def offered_for(found: list[f.Finding], cause: f.Cause, plan: f.Plan,
                 facts: UnitFacts = RESTARTED) -> list[str]:
-    return [p.describe() for p in f.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
+    return [p.describe() for p in plans.candidates(found, plan, cause, UNIT, TOOLS, facts, FAIL)]
 
 
 def test_a_full_disk_is_a_human_s_and_no_restart_is_offered() -> None:
@@ -313,14 +315,14 @@ def test_a_config_edited_by_hand_is_put_back_where_toold_offers_it() -> None:
                    RESTARTED, FAIL)
     cause = f.cause(found, FAIL)
     with_tool = (*TOOLS, "revert_config")
-    plan = f.plan(cause, UNIT, with_tool, RESTARTED)
+    plan = plans.plan(cause, UNIT, with_tool, RESTARTED)
     assert [s.wire() for s in plan.steps] == [
         {"tool": "revert_config", "parameters": {"unit": UNIT, "path": "/etc/web/web.env"}}]
-    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, RESTARTED,
+    assert [p.describe() for p in plans.candidates(found, plan, cause, UNIT, with_tool, RESTARTED,
                                                FAIL)] == ["revert_config", "unit_restart",
                                                           "nothing"]
     # Without the tool: one restart, as before.
-    assert tools(f.plan(cause, UNIT, TOOLS, RESTARTED)) == ["unit_restart"]
+    assert tools(plans.plan(cause, UNIT, TOOLS, RESTARTED)) == ["unit_restart"]
 
 
 def test_a_full_filesystem_found_by_statvfs_is_freed_where_toold_offers_it() -> None:
@@ -329,17 +331,17 @@ def test_a_full_filesystem_found_by_statvfs_is_freed_where_toold_offers_it() -> 
     found = f.find(UNIT, "state_failed", [], list(journal), full, FAIL)
     cause = f.cause(found, FAIL)
     with_tool = (*TOOLS, "free_space")
-    plan = f.plan(cause, UNIT, with_tool, full)
+    plan = plans.plan(cause, UNIT, with_tool, full)
     assert [s.wire() for s in plan.steps] == [
         {"tool": "free_space", "parameters": {"unit": UNIT, "path": "/var/lib/web/log"}},
         {"tool": "unit_restart", "parameters": {"unit": UNIT}}]
-    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, full,
+    assert [p.describe() for p in plans.candidates(found, plan, cause, UNIT, with_tool, full,
                                                FAIL)] == ["free_space → unit_restart",
                                                           "unit_restart", "nothing"]
     # Words alone name no filesystem to free: a human's, as without the tool.
     found = f.find(UNIT, "state_failed", [], list(journal), RESTARTED, FAIL)
     cause = f.cause(found, FAIL)
-    assert f.plan(cause, UNIT, with_tool, RESTARTED).steps == ()
+    assert plans.plan(cause, UNIT, with_tool, RESTARTED).steps == ()
 
 
 def test_an_upgrade_of_the_program_s_package_is_downgraded_where_toold_offers_it() -> None:
@@ -356,14 +358,14 @@ def test_an_upgrade_of_the_program_s_package_is_downgraded_where_toold_offers_it
                                                           program)
     assert "the start that failed began after it" in cause.evidence
     with_tool = (*TOOLS, "downgrade_package")
-    plan = f.plan(cause, UNIT, with_tool, facts)
+    plan = plans.plan(cause, UNIT, with_tool, facts)
     assert [s.wire() for s in plan.steps] == [
         {"tool": "downgrade_package", "parameters": {"unit": UNIT, "package": "web-server"}}]
-    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, facts,
+    assert [p.describe() for p in plans.candidates(found, plan, cause, UNIT, with_tool, facts,
                                                FAIL)] == ["downgrade_package", "unit_restart",
                                                           "nothing"]
     # Without the tool: one restart, then a human.
-    assert [s.tool for s in f.plan(cause, UNIT, TOOLS, facts).steps] == ["unit_restart"]
+    assert [s.tool for s in plans.plan(cause, UNIT, TOOLS, facts).steps] == ["unit_restart"]
     # The unit ran well since the upgrade: not linked.
     ran_well = replace(facts, active_enter_usec=FAIL - 25 * S, inactive_exit_usec=FAIL - 25 * S)
     found = f.find(UNIT, "state_failed", [upgrade], journal, ran_well, FAIL)
@@ -384,9 +386,9 @@ def test_a_linked_upgrade_is_offered_beside_another_cause() -> None:
     found = f.find(UNIT, "state_failed", [upgrade], journal, facts, FAIL)
     cause = f.cause(found, FAIL)
     with_tool = (*TOOLS, "downgrade_package")
-    plan = f.plan(cause, UNIT, with_tool, facts)
+    plan = plans.plan(cause, UNIT, with_tool, facts)
     assert cause.kind == f.STALE_CACHE
-    assert [p.describe() for p in f.candidates(found, plan, cause, UNIT, with_tool, facts,
+    assert [p.describe() for p in plans.candidates(found, plan, cause, UNIT, with_tool, facts,
                                                FAIL)] == [
         "clear_cache → unit_restart", "downgrade_package", "unit_restart", "nothing"]
 

@@ -1,6 +1,6 @@
 """The labelled triage set (bench/triage_set.py) is whole: enough
 failures, every finding kind on both sides of its split, each right plan
-among what findings.candidates offers, names unique."""
+among what plans.candidates offers, names unique."""
 
 from collections import Counter
 
