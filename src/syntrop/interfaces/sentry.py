@@ -287,7 +287,8 @@ class Sentry1(Interface, name=NAME):
 
     @method
     def ResetBreaker(self, *, unit: str) -> None:
-        """Close a unit's breaker and forget its attempts.
+        """Close a unit's breaker and forget its attempts, and the plans
+        tried in the window that did not heal it (each is offered again).
 
         Parameters:
             unit: The unit.

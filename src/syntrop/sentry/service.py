@@ -232,3 +232,4 @@ class SentryService(Sentry1):
             raise InvalidUnitName(unit=unit[:256])
         await authz.authorize(authz.TRIAGE, NotAuthorized)
         await self.store.reset_breaker(unit)
+        await self.store.forget_tried(unit)

@@ -225,7 +225,8 @@ class Store:
         await self.db.run(put)
 
     async def forget_tried(self, unit: str) -> None:
-        """The unit healed: no plan of the window is held against it."""
+        """The unit healed, or an operator reset its breaker: no plan of the
+        window is held against it."""
         def put(c: sqlite3.Connection) -> None:
             c.execute("DELETE FROM tried WHERE unit = ?", (unit,))
 
