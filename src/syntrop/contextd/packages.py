@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from syntrop.system.debian import compare
+
 #: Local "YYYY-MM-DD HH:MM:SS" → microseconds since the epoch.
 LocalTime = Callable[[str], int | None]
 
@@ -78,6 +80,15 @@ def _version(value: str) -> str | None:
     return None if value == _NONE else value
 
 
+def _older(new: str, old: str) -> bool:
+    """Whether version `new` orders before `old` (False where either is
+    not a Debian version: then the log's word stands)."""
+    try:
+        return compare(new, old) < 0
+    except ValueError:
+        return False
+
+
 def parse_dpkg(text: str, to_usec: LocalTime = local_time) -> Parsed:
     """dpkg.log lines: install / upgrade / remove / purge / conffile become
     records; status, configure, trigproc and startup lines are known and
@@ -110,6 +121,8 @@ def parse_dpkg(text: str, to_usec: LocalTime = local_time) -> Parsed:
             action = verb
             if verb == "upgrade" and old is not None and old == new:
                 action = "reinstall"
+            elif verb == "upgrade" and old is not None and new is not None and _older(new, old):
+                action = "downgrade"  # dpkg's log calls both "upgrade"
             parsed.records.append(PackageRecord(
                 timestamp_usec=usec, action=action, package=name, arch=arch,
                 old_version=old, new_version=new,

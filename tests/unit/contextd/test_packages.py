@@ -25,6 +25,8 @@ DPKG = """\
 2024-01-15 10:23:48 remove foo:amd64 1.0 <none>
 2024-01-15 10:23:48 purge foo:all 1.0 <none>
 2024-01-15 10:23:49 upgrade bar:amd64 2.0 2.0
+2024-01-15 10:23:50 upgrade pl-tool:all 2.0 1.0
+2024-01-15 10:23:51 upgrade odd:all 2.0 not-a-version!
 """
 
 
@@ -42,6 +44,9 @@ def test_dpkg_records_each_decision() -> None:
         ("remove", "foo", "amd64", "1.0", None, None),
         ("purge", "foo", "all", "1.0", None, None),
         ("reinstall", "bar", "amd64", "2.0", "2.0", None),
+        # dpkg's log calls a downgrade "upgrade": the versions tell.
+        ("downgrade", "pl-tool", "all", "2.0", "1.0", None),
+        ("upgrade", "odd", "all", "2.0", "not-a-version!", None),
     ]
     assert parsed.records[0].timestamp_usec == 1705314225 * 1_000_000
     assert parsed.records[1].summary == "package libc6 upgraded 2.36-9 → 2.36-9+deb12u1"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from syntrop.system.debian import compare, split
 from syntrop.toold import errors
 from syntrop.toold.config import Config
 from syntrop.toold.tools import TOOL_TYPES
@@ -17,11 +18,9 @@ from syntrop.toold.tools.downgrade_package import (
     Deb,
     DowngradePackage,
     cached,
-    compare,
     installed,
     previous,
     same,
-    split,
     transient_name,
 )
 
