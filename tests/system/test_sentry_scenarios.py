@@ -407,18 +407,22 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
     """The triage model (Qwen2.5-Coder-0.5B, which sentry asks whenever
     modeld has it) decides, given the time it needs on this CPU; its choice
     is executed and the unit healed. SmolLM2 is in modeld too (stored by
-    the test before): sentry chooses the triage model regardless. A unit
-    then left failed (an account that does not exist) makes one episode:
-    at most 2 incidents in 2 minutes."""
+    the test before): sentry chooses the triage model regardless, and the
+    first incident after sentry starts is the model's. A unit then left
+    failed (an account that does not exist) makes one episode: at most 2
+    incidents in 2 minutes."""
     pull_into_modeld(sentry, triage_model(), QWEN_CODER_05B.name)
+    earlier = {i["id"] for i in call(sentry, "ListIncidents", limit=1000)["incidents"]}
     restart_sentry(sentry, 20_000, warm=True)
     status = call(sentry, "GetStatus")
     assert QWEN_CODER_05B.name in status["triage_session"]
     assert status["triage_model"] == QWEN_CODER_05B.name, status
     try:
-        left_failed_for_two_minutes_is_one_episode(sentry)
         unit = "model-decides.service"
         path, before, incidents_before, incident = break_with_dropin(sentry, unit)
+        since = [i for i in call(sentry, "ListIncidents", limit=1000)["incidents"]
+                 if i["id"] not in earlier]
+        assert [i["id"] for i in since] == [incident["id"]], since  # the first since the start
         decide = phase(incident, "decide")
         print(f"\ndecide {decide['duration_usec'] / 1000:.0f} ms: {decide['detail']}")
         assert decide["outcome"] == "ok", decide
@@ -431,6 +435,7 @@ def test_model_decides_a_bad_dropin(sentry: Instance) -> None:
         took = f"{healed_in(incident):.2f} s (decide {decide['duration_usec'] / 1e6:.2f} s)"
         RESULTS.append(("bad drop-in, the model decides", "sentry", "yes", took,
                         "revert_dropin (model)"))
+        left_failed_for_two_minutes_is_one_episode(sentry)
     finally:
         sentry.run(["syn", "rm", QWEN_CODER_05B.name], check=False)
         restart_sentry(sentry, 1800)
