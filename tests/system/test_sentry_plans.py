@@ -144,7 +144,7 @@ def record(scenario: str, incident: dict[str, Any],
                     f"{seconds:.2f} s" if healed else "-", f"cause {cause}; {plan}"))
 
 
-def restart_on_failure_heals(instance: Instance, unit: str, within: float = 15,
+def restart_on_failure_heals(instance: Instance, unit: str, within: float = 9,
                              hold: float = 5) -> bool:
     """Whether a unit with Restart=on-failure stays active for `hold`
     seconds on end (sentry's own minimum) within `within` seconds, sampled
