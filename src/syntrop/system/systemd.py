@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,22 +209,8 @@ class Systemd:
         if method not in ("StartUnit", "StopUnit", "RestartUnit", "ReloadUnit",
                           "TryRestartUnit", "ReloadOrRestartUnit"):
             raise ValueError(f"not a job method: {method}")
-        await self.subscribe()
-        removed: asyncio.Queue[tuple[int, str, str, str]] = asyncio.Queue()
-        slot = await self._match_job_removed(removed)
-        try:
-            job = str(await self._call(PATH, MANAGER, method, "ss", unit, mode))
-            deadline = asyncio.get_running_loop().time() + timeout
-            while True:
-                left = deadline - asyncio.get_running_loop().time()
-                try:
-                    _, path, name, result = await asyncio.wait_for(removed.get(), max(left, 0))
-                except TimeoutError:
-                    return JobResult(job=job, unit=unit, result="timeout_waiting")
-                if path == job:
-                    return JobResult(job=job, unit=name, result=result)
-        finally:
-            slot.close()
+        return await self._job(lambda: self._call(PATH, MANAGER, method, "ss", unit, mode),
+                               unit, timeout)
 
     async def start_transient(self, name: str, argv: list[str], *, description: str,
                               timeout: float = 90) -> JobResult:
@@ -239,21 +225,29 @@ class Systemd:
             ("CollectMode", ("s", "inactive-or-failed")),
             ("ExecStart", ("a(sasb)", [(argv[0], argv, False)])),
         ]
+        return await self._job(lambda: self._call(PATH, MANAGER, "StartTransientUnit",
+                                                  "ssa(sv)a(sa(sv))", name, "fail", properties,
+                                                  []), name, timeout)
+
+    async def _job(self, queue: Callable[[], Awaitable[Any]], unit: str,
+                   timeout: float) -> JobResult:
+        """Queue a job with `queue()` (which returns its object path) and wait
+        for its JobRemoved, matched before the call so a fast job is not
+        missed; timeout_waiting when none came within `timeout` seconds."""
         await self.subscribe()
         removed: asyncio.Queue[tuple[int, str, str, str]] = asyncio.Queue()
         slot = await self._match_job_removed(removed)
         try:
-            job = str(await self._call(PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
-                                       name, "fail", properties, []))
+            job = str(await queue())
             deadline = asyncio.get_running_loop().time() + timeout
             while True:
                 left = deadline - asyncio.get_running_loop().time()
                 try:
-                    _, path, unit, result = await asyncio.wait_for(removed.get(), max(left, 0))
+                    _, path, name, result = await asyncio.wait_for(removed.get(), max(left, 0))
                 except TimeoutError:
-                    return JobResult(job=job, unit=name, result="timeout_waiting")
+                    return JobResult(job=job, unit=unit, result="timeout_waiting")
                 if path == job:
-                    return JobResult(job=job, unit=unit, result=result)
+                    return JobResult(job=job, unit=name, result=result)
         finally:
             slot.close()
 
